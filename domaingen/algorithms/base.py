@@ -1,0 +1,103 @@
+"""The algorithm contract and the pieces every algorithm shares."""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar, Mapping, Sequence
+
+import torch
+from torch import nn
+
+from domaingen.hparams import HParam
+from domaingen.networks import build_classifier, build_featurizer
+from domaingen.registry import Registry
+
+Minibatches = Sequence[tuple[torch.Tensor, torch.Tensor]]
+
+ALGORITHMS: Registry[type["Algorithm"]] = Registry("algorithm")
+
+
+class Algorithm(nn.Module):
+    """A domain-generalization method.
+
+    Subclasses declare `HPARAMS` beside the class, implement `update` (one
+    training step on one (x, y) minibatch per training environment, returning
+    its losses) and `predict` (logits). Every torch.optim.Optimizer attribute is
+    saved and restored with checkpoints automatically.
+    """
+
+    HPARAMS: ClassVar[dict[str, HParam]] = {}
+
+    def __init__(
+        self, input_shape: Sequence[int], num_classes: int, num_domains: int, hparams: Mapping[str, Any]
+    ) -> None:
+        super().__init__()
+        self.input_shape = tuple(input_shape)
+        self.num_classes = num_classes
+        self.num_domains = num_domains
+        self.hparams = dict(hparams)
+
+    @classmethod
+    def hparam_space(cls) -> dict[str, HParam]:
+        """The algorithm's own hyperparameters, its base classes' included."""
+        space: dict[str, HParam] = {}
+        for klass in reversed(cls.__mro__):
+            space.update(klass.__dict__.get("HPARAMS", {}) or {})
+        return space
+
+    def update(self, minibatches: Minibatches) -> dict[str, float]:
+        """One training step; returns named scalar losses (at least 'loss')."""
+        raise NotImplementedError
+
+    def predict(self, x: torch.Tensor, domain: int | torch.Tensor | None = None) -> torch.Tensor:
+        """Logits for `x`. `domain` is used only by domain-aware methods."""
+        raise NotImplementedError
+
+    def optimizers(self) -> dict[str, torch.optim.Optimizer]:
+        """The optimizers this algorithm holds, by attribute name."""
+        return {k: v for k, v in vars(self).items() if isinstance(v, torch.optim.Optimizer)}
+
+    def checkpoint_state(self) -> dict[str, Any]:
+        """Everything needed to resume training exactly: weights, buffers, optimizer states."""
+        return {
+            "model": self.state_dict(),
+            "optimizers": {name: opt.state_dict() for name, opt in self.optimizers().items()},
+        }
+
+    def load_checkpoint_state(self, state: Mapping[str, Any]) -> None:
+        """Restore what `checkpoint_state` saved."""
+        self.load_state_dict(state["model"])
+        current = self.optimizers()
+        for name, opt_state in state["optimizers"].items():
+            current[name].load_state_dict(opt_state)
+
+
+def make_adam(params, hparams: Mapping[str, Any], lr: float | None = None) -> torch.optim.Adam:
+    """Adam with the run's lr and weight decay (the protocol's only optimizer)."""
+    return torch.optim.Adam(
+        params, lr=hparams["lr"] if lr is None else lr, weight_decay=hparams.get("weight_decay", 0.0)
+    )
+
+
+class FeaturizerClassifier(Algorithm):
+    """An algorithm whose model is featurizer -> linear classifier, trained by Adam."""
+
+    def __init__(self, input_shape, num_classes, num_domains, hparams) -> None:
+        super().__init__(input_shape, num_classes, num_domains, hparams)
+        self.featurizer = build_featurizer(self.input_shape, self.hparams)
+        self.classifier = build_classifier(self.featurizer.n_outputs, num_classes)
+        self.network = nn.Sequential(self.featurizer, self.classifier)
+        self.optimizer = make_adam(self.network.parameters(), self.hparams)
+
+    def predict(self, x: torch.Tensor, domain: int | torch.Tensor | None = None) -> torch.Tensor:
+        return self.network(x)
+
+    def step(self, loss: torch.Tensor) -> None:
+        """Backpropagate `loss` and take one optimizer step."""
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        self.optimizer.step()
+
+
+def concat(minibatches: Minibatches) -> tuple[torch.Tensor, torch.Tensor]:
+    """All environments' examples as one batch."""
+    return torch.cat([x for x, _ in minibatches]), torch.cat([y for _, y in minibatches])

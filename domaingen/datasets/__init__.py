@@ -1,0 +1,15 @@
+"""The dataset table. Importing this package registers every built-in dataset."""
+
+from domaingen.datasets.base import DATASETS, EMBEDDED, Environment, MultiDomainDataset, resolve_data_dir
+from domaingen.datasets import mnist  # noqa: F401  (registers ColoredMNIST, RotatedMNIST)
+from domaingen.datasets.splits import Split, split_environments
+
+__all__ = [
+    "DATASETS",
+    "EMBEDDED",
+    "Environment",
+    "MultiDomainDataset",
+    "Split",
+    "resolve_data_dir",
+    "split_environments",
+]

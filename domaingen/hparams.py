@@ -1,0 +1,139 @@
+"""Hyperparameters: declared beside their class, drawn reproducibly.
+
+Each algorithm and dataset declares `HPARAMS = {name: HParam(default, sampler)}`.
+A run's values depend on (algorithm, dataset, hparams_seed) only, never on the
+trial seed, and every name draws from its own seeded generator, so adding a
+hyperparameter never changes the draws of the others. hparams_seed 0 gives the
+defaults (DomainBed's convention).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping, Sequence
+
+import numpy as np
+
+from domaingen.errors import DomaingenError
+
+
+class HParamError(DomaingenError):
+    """A bad hyperparameter override."""
+
+
+@dataclass(frozen=True)
+class Sampler:
+    """A random-search distribution with a human-readable description."""
+
+    draw: Callable[[np.random.Generator], Any]
+    description: str
+
+    def __call__(self, rng: np.random.Generator) -> Any:
+        return self.draw(rng)
+
+    def __str__(self) -> str:
+        return self.description
+
+
+def log_uniform(low: float, high: float) -> Sampler:
+    """10 ** U(low, high)."""
+    return Sampler(lambda r: float(10 ** r.uniform(low, high)), f"10^U({low:g},{high:g})")
+
+
+def int_log_uniform(low: float, high: float) -> Sampler:
+    """int(10 ** U(low, high))."""
+    return Sampler(lambda r: int(10 ** r.uniform(low, high)), f"int(10^U({low:g},{high:g}))")
+
+
+def int_pow2_uniform(low: float, high: float) -> Sampler:
+    """int(2 ** U(low, high)), DomainBed's batch-size distribution."""
+    return Sampler(lambda r: int(2 ** r.uniform(low, high)), f"int(2^U({low:g},{high:g}))")
+
+
+def uniform(low: float, high: float) -> Sampler:
+    """U(low, high)."""
+    return Sampler(lambda r: float(r.uniform(low, high)), f"U({low:g},{high:g})")
+
+
+def choice(options: Sequence[Any]) -> Sampler:
+    """One of `options`, uniformly."""
+    opts = list(options)
+    return Sampler(lambda r: opts[int(r.integers(len(opts)))], "choice{" + ",".join(map(str, opts)) + "}")
+
+
+@dataclass(frozen=True)
+class HParam:
+    """A hyperparameter: its default and, when it is searched, its sampler."""
+
+    default: Any
+    sampler: Sampler | None = None
+    help: str = ""
+
+    def describe(self) -> str:
+        """'default; distribution' as the `list` command shows it."""
+        return f"{self.default!r}" + (f"; {self.sampler}" if self.sampler else "; fixed")
+
+
+def seed_hash(*parts: Any) -> int:
+    """A stable 31-bit seed from any printable values (same on every machine and Python)."""
+    digest = hashlib.md5(json.dumps([str(p) for p in parts]).encode()).hexdigest()
+    return int(digest[:8], 16) & 0x7FFFFFFF
+
+
+def draw_hparams(
+    space: Mapping[str, HParam], algorithm: str, dataset: str, hparams_seed: int
+) -> dict[str, Any]:
+    """The hyperparameters of one run: defaults for seed 0, else one random draw.
+
+    Each name has its own generator seeded by (algorithm, dataset, hparams_seed, name).
+    """
+    if hparams_seed < 0:
+        raise HParamError(f"hparams_seed must be >= 0, got {hparams_seed}")
+    values: dict[str, Any] = {}
+    for name, hp in space.items():
+        if hparams_seed == 0 or hp.sampler is None:
+            values[name] = hp.default
+        else:
+            rng = np.random.default_rng(seed_hash(algorithm, dataset, hparams_seed, name))
+            values[name] = hp.sampler(rng)
+    return values
+
+
+def parse_overrides(text: str | Mapping[str, Any] | None) -> dict[str, Any]:
+    """Parse `--hparams` JSON (an object) into a dict."""
+    if text is None or text == "":
+        return {}
+    if isinstance(text, Mapping):
+        return dict(text)
+    try:
+        parsed = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise HParamError(
+            f"--hparams is not valid JSON ({exc.msg} at character {exc.pos}); "
+            """write an object such as '{"lr": 1e-4}'"""
+        ) from None
+    if not isinstance(parsed, dict):
+        raise HParamError("""--hparams must be a JSON object such as '{"lr": 1e-4}'""")
+    return parsed
+
+
+def apply_overrides(
+    values: Mapping[str, Any], overrides: Mapping[str, Any], space: Mapping[str, HParam]
+) -> dict[str, Any]:
+    """Replace drawn values by user overrides; an unknown key is an error."""
+    unknown = sorted(set(overrides) - set(space))
+    if unknown:
+        raise HParamError(
+            f"unknown hyperparameter(s) {', '.join(unknown)}; valid names: {', '.join(sorted(space))}"
+        )
+    merged = dict(values)
+    for name, value in overrides.items():
+        default = space[name].default
+        if isinstance(default, (int, float)) and not isinstance(default, bool):
+            if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
+                raise HParamError(f"hyperparameter '{name}' must be a finite number, got {value!r}")
+        merged[name] = value
+    return merged

