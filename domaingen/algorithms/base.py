@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from typing import Any, ClassVar, Mapping, Sequence
 
 import torch
@@ -68,7 +69,9 @@ class Algorithm(nn.Module):
         self.load_state_dict(state["model"])
         current = self.optimizers()
         for name, opt_state in state["optimizers"].items():
-            current[name].load_state_dict(opt_state)
+            # torch keeps the given tensors when device and dtype already match; copy so
+            # that two algorithms never share (and both update) one Adam state
+            current[name].load_state_dict(copy.deepcopy(opt_state))
 
 
 def make_adam(params, hparams: Mapping[str, Any], lr: float | None = None) -> torch.optim.Adam:

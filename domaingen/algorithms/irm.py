@@ -16,7 +16,9 @@ def irm_penalty(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     Estimated without bias as the product of the gradients on the two halves
     (even and odd positions) of the batch.
     """
-    scale = torch.ones((), device=logits.device, requires_grad=True)
+    # at least fp32, so that under bf16 autocast the penalty is not computed in bf16
+    dtype = torch.promote_types(logits.dtype, torch.float32)
+    scale = torch.ones((), device=logits.device, dtype=dtype, requires_grad=True)
     loss_a = F.cross_entropy(logits[::2] * scale, y[::2])
     loss_b = F.cross_entropy(logits[1::2] * scale, y[1::2])
     grad_a = torch.autograd.grad(loss_a, [scale], create_graph=True)[0]

@@ -1,0 +1,108 @@
+
+import numpy as np
+import pytest
+
+from domaingen.algorithms import ALGORITHMS
+from domaingen.datasets import DATASETS
+from domaingen.hparams import (
+    HParam,
+    HParamError,
+    apply_overrides,
+    draw_hparams,
+    int_pow2_uniform,
+    log_uniform,
+    parse_overrides,
+    seed_hash,
+)
+from domaingen.training import TrainConfig, resolve
+
+
+def space(algorithm="IRM", dataset="ColoredMNIST"):
+    return {**DATASETS.get(dataset).hparam_space(), **ALGORITHMS.get(algorithm).hparam_space()}
+
+
+def test_seed_zero_gives_defaults():
+    s = space()
+    assert draw_hparams(s, "IRM", "ColoredMNIST", 0) == {k: hp.default for k, hp in s.items()}
+    values = draw_hparams(s, "IRM", "ColoredMNIST", 0)
+    assert values["lr"] == 1e-3 and values["batch_size"] == 64 and values["irm_lambda"] == 1e2
+
+
+def test_draws_are_deterministic_and_differ_between_seeds():
+    s = space()
+    a = draw_hparams(s, "IRM", "ColoredMNIST", 3)
+    assert a == draw_hparams(s, "IRM", "ColoredMNIST", 3)
+    assert a != draw_hparams(s, "IRM", "ColoredMNIST", 4)
+    assert a != draw_hparams(s, "IRM", "RotatedMNIST", 3)
+
+
+def test_draw_equals_independent_generator_per_name():
+    s = space()
+    drawn = draw_hparams(s, "IRM", "ColoredMNIST", 7)
+    rng = np.random.default_rng(seed_hash("IRM", "ColoredMNIST", 7, "lr"))
+    assert drawn["lr"] == pytest.approx(10 ** rng.uniform(-4.5, -2.5))
+    rng = np.random.default_rng(seed_hash("IRM", "ColoredMNIST", 7, "batch_size"))
+    assert drawn["batch_size"] == int(2 ** rng.uniform(3, 9))
+
+
+def test_adding_a_hyperparameter_changes_no_other_draw():
+    s = space()
+    extended = {"zzz_new": HParam(1.0, log_uniform(-1, 1)), **s}
+    before = draw_hparams(s, "IRM", "ColoredMNIST", 5)
+    after = draw_hparams(extended, "IRM", "ColoredMNIST", 5)
+    assert {k: after[k] for k in before} == before
+
+
+def test_draws_lie_in_their_ranges():
+    s = space()
+    for seed in range(1, 60):
+        h = draw_hparams(s, "IRM", "ColoredMNIST", seed)
+        assert 10**-4.5 <= h["lr"] <= 10**-2.5
+        assert 8 <= h["batch_size"] <= 512
+        assert 1 <= h["irm_penalty_anneal_iters"] <= 10_000
+        assert 0.1 <= h["irm_lambda"] <= 1e5
+
+
+def test_samplers_describe_their_distribution():
+    assert str(log_uniform(-4.5, -2.5)) == "10^U(-4.5,-2.5)"
+    assert str(int_pow2_uniform(3, 9)) == "int(2^U(3,9))"
+
+
+def test_hparams_do_not_depend_on_trial_seed(tmp_path):
+    configs = [
+        TrainConfig("ColoredMNIST", "VREx", str(tmp_path), hparams_seed=4, trial_seed=t) for t in (0, 1, 2)
+    ]
+    drawn = [resolve(c).hparams for c in configs]
+    assert drawn[0] == drawn[1] == drawn[2]
+    seeds = [resolve(c).args["seed"] for c in configs]
+    assert len(set(seeds)) == 3  # the trial still changes the run's own seed
+
+
+def test_overrides_replace_values():
+    s = space()
+    merged = apply_overrides(draw_hparams(s, "IRM", "ColoredMNIST", 0), parse_overrides('{"lr": 1e-4}'), s)
+    assert merged["lr"] == 1e-4 and merged["batch_size"] == 64
+
+
+def test_unknown_override_key_names_it():
+    s = space()
+    with pytest.raises(HParamError, match=r"unknown hyperparameter\(s\) lrr; valid names: .*lr"):
+        apply_overrides({}, {"lrr": 1.0}, s)
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ('{"lr": 1e-4', "not valid JSON"),
+        ("[1, 2]", "must be a JSON object"),
+    ],
+)
+def test_malformed_overrides(text, message):
+    with pytest.raises(HParamError, match=message):
+        parse_overrides(text)
+
+
+def test_non_numeric_override_for_numeric_hparam():
+    s = space()
+    with pytest.raises(HParamError, match="'lr' must be a finite number"):
+        apply_overrides({}, {"lr": "fast"}, s)

