@@ -38,7 +38,61 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     _add_train_parser(sub)
     sub.add_parser("list", help="the algorithm and dataset tables")
+    _add_sweep_parser(sub)
+    _add_collect_parser(sub)
     return parser
+
+
+def _add_sweep_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("sweep", help="launch, inspect or clean a sweep")
+    actions = p.add_subparsers(dest="action", required=True)
+    for name, text in (
+        ("launch", "run every job not done yet (resumes incomplete ones)"),
+        ("status", "count jobs per state, algorithm and dataset"),
+        ("delete-incomplete", "remove the directories of incomplete and failed jobs"),
+    ):
+        a = actions.add_parser(name, help=text)
+        a.add_argument("--spec", help="TOML sweep spec (flags below override its keys)")
+        a.add_argument("--output_dir", required=True)
+        a.add_argument("--data_dir", default=None)
+        a.add_argument("--algorithms", nargs="+")
+        a.add_argument("--datasets", nargs="+")
+        a.add_argument("--n_hparams", type=int)
+        a.add_argument("--n_trials", type=int)
+        a.add_argument("--steps", type=int)
+        a.add_argument("--checkpoint_freq", type=int)
+        a.add_argument("--precision", choices=["fp32", "bf16"])
+        a.add_argument("--pairs", action="store_true", default=None, help="add every pair of test environments")
+        a.add_argument("--hparams", help="JSON overrides for every job")
+        if name == "launch":
+            a.add_argument("--launcher", default="parallel", choices=["local", "parallel", "slurm", "dry"])
+            a.add_argument("--workers", type=int, default=2, help="parallel: processes at once")
+            a.add_argument("--threads", type=int, default=None, help="torch threads per job (default: cores / workers)")
+            a.add_argument("--dry", action="store_true", help="print the commands only")
+            a.add_argument("--yes", "-y", action="store_true", help="do not ask for confirmation")
+            a.add_argument("--force", action="store_true", help="launch a different spec into this output_dir")
+            a.add_argument("--retry_failed", action="store_true", help="also rerun failed jobs")
+            a.add_argument("--no_progress", action="store_true")
+            a.add_argument("--slurm_partition")
+            a.add_argument("--slurm_time", type=int, default=24 * 60, help="minutes per job")
+            a.add_argument("--slurm_mem_gb", type=float, default=16)
+            a.add_argument("--slurm_gpus", type=int, default=0, help="GPUs per job")
+            a.add_argument("--slurm_cpus", type=int, default=4, help="CPUs per job")
+            a.add_argument("--slurm_array_parallelism", type=int, default=64, help="max tasks running at once")
+            a.add_argument("--slurm_cluster", default=None, help="submitit cluster (slurm, or local for testing)")
+        if name == "delete-incomplete":
+            a.add_argument("--yes", "-y", action="store_true")
+
+
+def _add_collect_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("collect", help="selection + result tables from finished runs")
+    p.add_argument("--input_dir", required=True)
+    p.add_argument("--format", choices=["markdown", "latex", "csv"], default="markdown")
+    p.add_argument("--selection", nargs="+", choices=["training", "loo", "oracle"], default=None,
+                   help="default: training and oracle, plus loo when pair runs exist")
+    p.add_argument("--output", default=None, help="write here instead of stdout")
+    p.add_argument("--show_trials", action="store_true", help="append the number of trials to each cell")
+    p.add_argument("--bare", action="store_true", help="latex: tables only, for \\input")
 
 
 def cmd_train(ns: argparse.Namespace) -> int:
@@ -95,7 +149,19 @@ def cmd_list(ns: argparse.Namespace) -> int:
     return 0
 
 
-COMMANDS = {"train": cmd_train, "list": cmd_list}
+def cmd_sweep(ns: argparse.Namespace) -> int:
+    from domaingen import sweep_cli
+
+    return sweep_cli.run(ns)
+
+
+def cmd_collect(ns: argparse.Namespace) -> int:
+    from domaingen import sweep_cli
+
+    return sweep_cli.collect_command(ns)
+
+
+COMMANDS = {"train": cmd_train, "list": cmd_list, "sweep": cmd_sweep, "collect": cmd_collect}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -1,0 +1,274 @@
+"""Sweeps: a spec (TOML or flags) -> a deterministic job list -> job states on disk.
+
+A job's directory is a hash of its canonical arguments, so relaunching a sweep
+skips done jobs and resumes incomplete ones from their checkpoint.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import itertools
+import json
+import os
+import shutil
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Mapping, Sequence
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+from domaingen.algorithms import ALGORITHMS
+from domaingen.datasets import DATASETS
+from domaingen.errors import DomaingenError
+from domaingen.rundir import DONE_STATE, FAILED_STATE, INCOMPLETE, NOT_LAUNCHED, RunDirectory, atomic_write_bytes
+from domaingen.training import NON_IDENTITY_ARGS, PRECISIONS, TrainConfig
+
+SPEC_FILE = "sweep.json"
+STATES = (DONE_STATE, INCOMPLETE, FAILED_STATE, NOT_LAUNCHED)
+
+
+class SpecError(DomaingenError):
+    """A sweep spec that cannot be used."""
+
+
+@dataclass
+class SweepSpec:
+    """What a sweep runs: every algorithm x dataset x test-env set x hparams draw x trial."""
+
+    algorithms: list[str]
+    datasets: list[str]
+    test_envs: list[list[int]] | None = None  # None: every single environment
+    pairs: bool = False  # add every pair of environments (leave-one-domain-out selection)
+    n_hparams: int = 20  # hparams_seed 0 (defaults) .. n_hparams - 1
+    n_trials: int = 3
+    steps: int | None = None  # None: each dataset's N_STEPS
+    checkpoint_freq: int | None = None
+    holdout_fraction: float = 0.2
+    precision: str = "fp32"
+    hparams: dict[str, Any] = field(default_factory=dict)  # overrides for every job
+    algorithm_hparams: dict[str, dict[str, Any]] = field(default_factory=dict)  # per algorithm
+
+    def canonical(self) -> dict[str, Any]:
+        """The spec as plain JSON-able data, for sweep.json and comparison."""
+        return json.loads(json.dumps(dataclasses.asdict(self), sort_keys=True))
+
+
+SPEC_KEYS = {f.name for f in dataclasses.fields(SweepSpec)}
+
+
+def _expect(key: str, value: Any, kind: type | tuple[type, ...], what: str) -> None:
+    if not isinstance(value, kind) or isinstance(value, bool) and kind is not bool:
+        raise SpecError(f"spec key '{key}' must be {what}, got {value!r}")
+
+
+def parse_spec(data: Mapping[str, Any], source: str = "spec") -> SweepSpec:
+    """Validate raw spec data (from TOML or flags); every problem names its key."""
+    unknown = sorted(set(data) - SPEC_KEYS)
+    if unknown:
+        raise SpecError(f"{source}: unknown key(s) {', '.join(unknown)}; valid keys: {', '.join(sorted(SPEC_KEYS))}")
+    for key in ("algorithms", "datasets"):
+        if key not in data:
+            raise SpecError(f"{source}: missing key '{key}'")
+        _expect(key, data[key], list, "a list of names")
+        if not data[key]:
+            raise SpecError(f"{source}: '{key}' is empty")
+    for name in data["algorithms"]:
+        if name not in ALGORITHMS:
+            raise SpecError(f"{source}: unknown algorithm '{name}' in 'algorithms'; valid: {', '.join(ALGORITHMS.names())}")
+    for name in data["datasets"]:
+        if name not in DATASETS:
+            raise SpecError(f"{source}: unknown dataset '{name}' in 'datasets'; valid: {', '.join(DATASETS.names())}")
+    for key in ("n_hparams", "n_trials"):
+        if key in data:
+            _expect(key, data[key], int, "a positive integer")
+            if data[key] < 1:
+                raise SpecError(f"{source}: '{key}' must be at least 1, got {data[key]}")
+    for key in ("steps", "checkpoint_freq"):
+        if data.get(key) is not None:
+            _expect(key, data[key], int, "a positive integer")
+            if data[key] < 1:
+                raise SpecError(f"{source}: '{key}' must be at least 1, got {data[key]}")
+    if "pairs" in data:
+        _expect("pairs", data["pairs"], bool, "true or false")
+    if "precision" in data and data["precision"] not in PRECISIONS:
+        raise SpecError(f"{source}: 'precision' must be one of {', '.join(PRECISIONS)}, got {data['precision']!r}")
+    if "holdout_fraction" in data:
+        _expect("holdout_fraction", data["holdout_fraction"], (int, float), "a number in (0, 1)")
+    if data.get("test_envs") is not None:
+        _expect("test_envs", data["test_envs"], list, "a list of lists of environment indices")
+        for item in data["test_envs"]:
+            if not isinstance(item, list) or not all(isinstance(e, int) and not isinstance(e, bool) for e in item):
+                raise SpecError(f"{source}: 'test_envs' entries must be lists of integers, got {item!r}")
+    if "hparams" in data:
+        _expect("hparams", data["hparams"], dict, "a table of hyperparameter overrides")
+    if "algorithm_hparams" in data:
+        _expect("algorithm_hparams", data["algorithm_hparams"], dict, "a table of tables, one per algorithm")
+        for name, table in data["algorithm_hparams"].items():
+            if name not in data["algorithms"]:
+                raise SpecError(f"{source}: 'algorithm_hparams.{name}' names an algorithm the spec does not run")
+            _expect(f"algorithm_hparams.{name}", table, dict, "a table of hyperparameter overrides")
+    spec = SweepSpec(**{k: data[k] for k in data})
+    _check_overrides(spec, source)
+    return spec
+
+
+def _check_overrides(spec: SweepSpec, source: str) -> None:
+    for algorithm, dataset in itertools.product(spec.algorithms, spec.datasets):
+        space = {**DATASETS.get(dataset).hparam_space(), **ALGORITHMS.get(algorithm).hparam_space()}
+        overrides = {**spec.hparams, **spec.algorithm_hparams.get(algorithm, {})}
+        unknown = sorted(set(overrides) - set(space))
+        if unknown:
+            raise SpecError(
+                f"{source}: hyperparameter(s) {', '.join(unknown)} unknown to {algorithm} on {dataset}; "
+                "put algorithm-specific ones under [algorithm_hparams.NAME]"
+            )
+        for envs in spec.test_envs or []:
+            try:
+                DATASETS.get(dataset).check_test_envs(envs)
+            except DomaingenError as exc:
+                raise SpecError(f"{source}: 'test_envs': {exc}") from None
+
+
+def load_spec(path: str | os.PathLike) -> SweepSpec:
+    """Read and validate a TOML sweep spec."""
+    try:
+        with open(path, "rb") as f:
+            data = tomllib.load(f)
+    except FileNotFoundError:
+        raise SpecError(f"sweep spec {path} not found") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise SpecError(f"sweep spec {path} is not valid TOML: {exc}") from None
+    return parse_spec(data, str(path))
+
+
+@dataclass(frozen=True)
+class Job:
+    """One run of a sweep: its arguments and its directory."""
+
+    job_id: str
+    args: Mapping[str, Any]
+
+    def directory(self, sweep_dir: str | os.PathLike) -> Path:
+        return Path(sweep_dir) / self.job_id
+
+    def config(self, sweep_dir: str | os.PathLike, data_dir: str | None) -> TrainConfig:
+        return TrainConfig(**self.args, output_dir=str(self.directory(sweep_dir)), data_dir=data_dir)
+
+
+def job_id(args: Mapping[str, Any]) -> str:
+    """A hash of the canonical job arguments (also the job's directory name)."""
+    canonical = json.dumps({k: v for k, v in args.items() if k not in NON_IDENTITY_ARGS}, sort_keys=True)
+    return hashlib.md5(canonical.encode()).hexdigest()
+
+
+def environment_sets(spec: SweepSpec, dataset: str) -> list[list[int]]:
+    """The test-environment sets of one dataset: the spec's, or all singles (plus pairs)."""
+    if spec.test_envs is not None:
+        sets = [sorted(s) for s in spec.test_envs]
+    else:
+        sets = [[i] for i in range(len(DATASETS.get(dataset).ENVIRONMENTS))]
+    if spec.pairs:
+        n = len(DATASETS.get(dataset).ENVIRONMENTS)
+        sets += [list(p) for p in itertools.combinations(range(n), 2) if list(p) not in sets]
+    return sets
+
+
+def build_jobs(spec: SweepSpec) -> list[Job]:
+    """Every job of the spec, in a deterministic order."""
+    jobs = []
+    for dataset in spec.datasets:
+        cls = DATASETS.get(dataset)
+        steps = spec.steps or cls.N_STEPS
+        freq = spec.checkpoint_freq or cls.CHECKPOINT_FREQ
+        for algorithm in spec.algorithms:
+            overrides = {**spec.hparams, **spec.algorithm_hparams.get(algorithm, {})}
+            for test_envs, hseed, trial in itertools.product(
+                environment_sets(spec, dataset), range(spec.n_hparams), range(spec.n_trials)
+            ):
+                args = {
+                    "dataset": dataset,
+                    "algorithm": algorithm,
+                    "test_envs": test_envs,
+                    "hparams": overrides,
+                    "hparams_seed": hseed,
+                    "trial_seed": trial,
+                    "steps": steps,
+                    "checkpoint_freq": freq,
+                    "holdout_fraction": spec.holdout_fraction,
+                    "precision": spec.precision,
+                }
+                jobs.append(Job(job_id(args), args))
+    if not jobs:
+        raise SpecError("the sweep has no jobs; check algorithms, datasets and test_envs")
+    return jobs
+
+
+def job_states(jobs: Iterable[Job], sweep_dir: str | os.PathLike) -> dict[str, str]:
+    """job_id -> done / incomplete / failed / not launched, read from the disk."""
+    return {job.job_id: RunDirectory(job.directory(sweep_dir)).state() for job in jobs}
+
+
+def prepare_sweep_dir(sweep_dir: str | os.PathLike, spec: SweepSpec, force: bool = False) -> None:
+    """Create the sweep directory and record its spec; refuse a different spec unless forced."""
+    path = Path(sweep_dir)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise DomaingenError(f"cannot create output_dir {path}: {exc.strerror}") from None
+    if not os.access(path, os.W_OK):
+        raise DomaingenError(f"output_dir {path} is not writable; choose another --output_dir")
+    recorded = read_recorded_spec(path)
+    if recorded is not None and recorded != spec.canonical() and not force:
+        changed = sorted(k for k in set(recorded) | set(spec.canonical()) if recorded.get(k) != spec.canonical().get(k))
+        raise DomaingenError(
+            f"{path} holds a sweep with a different spec (differs in: {', '.join(changed)}); "
+            "use another --output_dir, or --force to launch this spec into it"
+        )
+    atomic_write_bytes(path / SPEC_FILE, (json.dumps(spec.canonical(), indent=2, sort_keys=True) + "\n").encode())
+
+
+def read_recorded_spec(sweep_dir: str | os.PathLike) -> dict[str, Any] | None:
+    """The spec a sweep directory was launched with, if any."""
+    try:
+        return json.loads((Path(sweep_dir) / SPEC_FILE).read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return None
+
+
+def delete_incomplete(jobs: Sequence[Job], sweep_dir: str | os.PathLike) -> list[Job]:
+    """Remove the directories of incomplete and failed jobs; returns those jobs."""
+    states = job_states(jobs, sweep_dir)
+    removed = [job for job in jobs if states[job.job_id] in (INCOMPLETE, FAILED_STATE)]
+    for job in removed:
+        shutil.rmtree(job.directory(sweep_dir), ignore_errors=True)
+    return removed
+
+
+def train_command(job: Job, sweep_dir: str | os.PathLike, data_dir: str | None) -> str:
+    """The `domaingen train` command line that runs one job."""
+    import shlex
+
+    a = job.args
+    parts = [
+        "domaingen", "train",
+        "--dataset", a["dataset"],
+        "--algorithm", a["algorithm"],
+        "--test_envs", *map(str, a["test_envs"]),
+        "--hparams_seed", str(a["hparams_seed"]),
+        "--trial_seed", str(a["trial_seed"]),
+        "--steps", str(a["steps"]),
+        "--checkpoint_freq", str(a["checkpoint_freq"]),
+        "--holdout_fraction", str(a["holdout_fraction"]),
+        "--precision", a["precision"],
+        "--output_dir", str(job.directory(sweep_dir)),
+    ]
+    if a["hparams"]:
+        parts += ["--hparams", json.dumps(a["hparams"], sort_keys=True)]
+    if data_dir:
+        parts += ["--data_dir", data_dir]
+    return shlex.join(parts)
