@@ -17,7 +17,7 @@ test:  ## the whole suite (under 10 minutes on 2 cores); real-MNIST tests need D
 	$(PY) -m pytest -q
 
 demo:  ## a small ColoredMNIST sweep ending with the leave-one-domain-out table (no data needed)
-	$(PY) -m domaingen sweep launch --spec sweeps/demo.toml --output_dir sweeps_out/demo --launcher parallel --yes
+	$(PY) -m domaingen sweep launch --spec sweeps/demo.toml --output_dir sweeps_out/demo --launcher parallel --data_dir embedded --yes
 	$(PY) -m domaingen collect --input_dir sweeps_out/demo --format markdown
 
 bench:  ## speed and memory figures; needs real MNIST in DOMAINGEN_DATA

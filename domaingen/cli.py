@@ -181,3 +181,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("domaingen: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # e.g. `domaingen sweep launch --dry | head`
+        sys.stderr.close()
+        return 0

@@ -1,0 +1,260 @@
+"""Sweeps end to end: job lists, launch/resume, collect, bad specs."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from conftest import FAST_HPARAMS
+from domaingen.cli import main
+from domaingen.launchers import threads_per_worker
+from domaingen.sweep import build_jobs, job_id, job_states, parse_spec
+
+SPEC = """
+algorithms = ["ERM", "VREx"]
+datasets = ["ColoredMNIST"]
+n_hparams = 1
+n_trials = 2
+steps = {steps}
+checkpoint_freq = {freq}
+
+[hparams]
+featurizer = "MLP"
+mlp_width = 32
+batch_size = 16
+"""
+
+
+def write_spec(tmp_path: Path, steps: int = 6, freq: int = 2, name: str = "spec.toml") -> Path:
+    path = tmp_path / name
+    path.write_text(SPEC.format(steps=steps, freq=freq))
+    return path
+
+
+def cli(capsys, *argv) -> tuple[int, str, str]:
+    code = main(["-q", *argv])
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def launch_args(spec: Path, out: Path, *extra: str) -> list[str]:
+    return ["sweep", "launch", "--spec", str(spec), "--output_dir", str(out), "--data_dir", "embedded",
+            "--launcher", "local", "--no_progress", "--yes", *extra]
+
+
+def expected_training_domain_table(sweep_dir: Path) -> dict[tuple[str, int], float]:
+    """Mean over trials of the test accuracy at the best-validation checkpoint, from the raw files."""
+    per_cell: dict[tuple[str, int], list[float]] = {}
+    for run in sweep_dir.iterdir():
+        if not (run / "done").exists():
+            continue
+        records = [json.loads(line) for line in (run / "results.jsonl").read_text().splitlines()]
+        t = records[0]["args"]["test_envs"][0]
+        train_envs = [i for i in range(3) if i != t]
+        best = max(reversed(records), key=lambda r: np.mean([r[f"env{i}_out_acc"] for i in train_envs]))
+        per_cell.setdefault((records[0]["args"]["algorithm"], t), []).append(best[f"env{t}_in_acc"])
+    return {k: float(np.mean(v)) for k, v in per_cell.items()}
+
+
+def csv_table(text: str) -> pd.DataFrame:
+    table = pd.read_csv(io.StringIO(text))
+    return table[(table["selection"] == "training") & (table["table"] == "test")]
+
+
+def test_job_list_is_deterministic_and_hashed(tmp_path):
+    spec = parse_spec({"algorithms": ["ERM", "IRM"], "datasets": ["ColoredMNIST", "RotatedMNIST"],
+                       "n_hparams": 2, "n_trials": 3, "pairs": True})
+    jobs = build_jobs(spec)
+    # (3 singles + 3 pairs) + (6 singles + 15 pairs) environment sets, x 2 algorithms x 2 x 3
+    assert len(jobs) == (6 + 21) * 2 * 2 * 3
+    assert [j.job_id for j in jobs] == [j.job_id for j in build_jobs(spec)]
+    assert len({j.job_id for j in jobs}) == len(jobs)
+    assert jobs[0].job_id == job_id(jobs[0].args)
+    assert jobs[0].args["steps"] == 5001 and jobs[0].args["checkpoint_freq"] == 100
+
+
+def test_flags_build_the_same_job_list_as_a_spec(tmp_path, capsys):
+    spec_path = write_spec(tmp_path)
+    code, from_spec, _ = cli(capsys, "sweep", "launch", "--spec", str(spec_path), "--output_dir", str(tmp_path / "s"), "--dry")
+    code2, from_flags, _ = cli(
+        capsys, "sweep", "launch", "--algorithms", "ERM", "VREx", "--datasets", "ColoredMNIST", "--n_hparams", "1",
+        "--n_trials", "2", "--steps", "6", "--checkpoint_freq", "2", "--hparams", json.dumps(FAST_HPARAMS | {"featurizer": "MLP", "mlp_width": 32}),
+        "--output_dir", str(tmp_path / "s"), "--dry")
+    assert code == code2 == 0
+    assert from_spec == from_flags
+    assert from_spec.count("domaingen train") == 12
+    assert not (tmp_path / "s").exists()  # a dry run writes nothing
+
+
+def test_end_to_end_table_equals_direct_computation(tmp_path, capsys):
+    spec, out = write_spec(tmp_path), tmp_path / "sweep"
+    code, stdout, _ = cli(capsys, *launch_args(spec, out))
+    assert code == 0 and "launched 12 jobs: 12 done" in stdout
+    code, status, _ = cli(capsys, "sweep", "status", "--spec", str(spec), "--output_dir", str(out))
+    assert "12 jobs" in status and "12 done, 0 incomplete, 0 failed, 0 not launched" in status
+    code, text, _ = cli(capsys, "collect", "--input_dir", str(out), "--format", "csv")
+    table = csv_table(text)
+    expected = expected_training_domain_table(out)
+    names = ["+90%", "+80%", "-90%"]
+    for (algorithm, env), value in expected.items():
+        row = table[(table["algorithm"] == algorithm) & (table["column"] == names[env])]
+        assert row["mean"].iloc[0] == pytest.approx(value)
+        assert row["n"].iloc[0] == 2
+    # relaunching finds nothing to do
+    code, stdout, _ = cli(capsys, *launch_args(spec, out))
+    assert "nothing to launch" in stdout
+
+
+def test_killed_sweep_resumes_only_missing_work_and_gives_the_same_table(tmp_path, capsys):
+    spec = write_spec(tmp_path, steps=400, freq=50)
+    straight, killed = tmp_path / "straight", tmp_path / "killed"
+    assert cli(capsys, *launch_args(spec, straight))[0] == 0
+    proc = subprocess.Popen([sys.executable, "-m", "domaingen", "-q", *launch_args(spec, killed)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    victim = None
+    deadline = time.time() + 120
+    while time.time() < deadline and victim is None:
+        for run in killed.glob("*/results.jsonl") if killed.exists() else []:
+            if not (run.parent / "done").exists() and len(run.read_text().splitlines()) >= 2:
+                if any((p / "done").exists() for p in killed.iterdir() if p.is_dir()):
+                    victim = run.parent
+        time.sleep(0.02)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert victim is not None, "no job was caught mid-run"
+    done_before = {p.name: (p / "results.jsonl").read_bytes() for p in killed.iterdir() if (p / "done").exists()}
+    assert 0 < len(done_before) < 12
+    code, stdout, _ = cli(capsys, *launch_args(spec, killed))
+    assert code == 0 and f"launched {12 - len(done_before)} jobs" in stdout
+    for name, content in done_before.items():
+        assert (killed / name / "results.jsonl").read_bytes() == content  # done work untouched
+    victim_log = (victim / "log.txt").read_text()
+    assert "resuming from step" in victim_log
+    tables = [cli(capsys, "collect", "--input_dir", str(d), "--format", "csv")[1] for d in (straight, killed)]
+    assert tables[0] == tables[1]
+
+
+def test_garbage_lines_are_skipped_with_a_warning(tmp_path, capsys, caplog):
+    spec, out = write_spec(tmp_path), tmp_path / "sweep"
+    cli(capsys, *launch_args(spec, out))
+    victim = sorted(out.glob("*/results.jsonl"))[0]
+    victim.write_text(victim.read_text() + '{"step": 6, "env0_in' + "\n" + "garbage\n")
+    code, text, _ = cli(capsys, "collect", "--input_dir", str(out), "--format", "markdown")
+    assert code == 0 and "ColoredMNIST: test accuracy" in text
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert any(str(victim) in w and "unreadable line" in w for w in warnings)
+
+
+def test_failed_runs_are_listed_and_not_counted(tmp_path, capsys):
+    spec, out = write_spec(tmp_path), tmp_path / "sweep"
+    cli(capsys, *launch_args(spec, out))
+    victim = sorted(p for p in out.iterdir() if p.is_dir())[0]
+    (victim / "done").unlink()
+    (victim / "failed").write_text("DivergedError: non-finite loss at step 3\n")
+    code, text, _ = cli(capsys, "collect", "--input_dir", str(out), "--show_trials")
+    assert "Failed runs (1), not counted:" in text and victim.name in text
+    assert "(n=1)" in text  # the cell that lost a trial says so
+
+
+def test_different_spec_is_refused_unless_forced(tmp_path, capsys):
+    out = tmp_path / "sweep"
+    assert cli(capsys, *launch_args(write_spec(tmp_path), out))[0] == 0
+    other = write_spec(tmp_path, steps=4, name="other.toml")
+    code, _, err = cli(capsys, *launch_args(other, out))
+    assert code == 2 and "holds a sweep with a different spec (differs in: steps)" in err
+    code, stdout, _ = cli(capsys, *launch_args(other, out, "--force"))
+    assert code == 0 and "launched 12 jobs" in stdout
+
+
+def test_delete_incomplete_removes_only_unfinished_jobs(tmp_path, capsys):
+    spec, out = write_spec(tmp_path), tmp_path / "sweep"
+    cli(capsys, *launch_args(spec, out))
+    dirs = sorted(p for p in out.iterdir() if p.is_dir())
+    (dirs[0] / "done").unlink()
+    (dirs[1] / "done").unlink()
+    (dirs[1] / "failed").write_text("boom\n")
+    code, stdout, _ = cli(capsys, "sweep", "delete-incomplete", "--spec", str(spec), "--output_dir", str(out), "--yes")
+    assert "deleted 2" in stdout
+    assert not dirs[0].exists() and not dirs[1].exists() and all(d.exists() for d in dirs[2:])
+
+
+BAD_SPECS = [
+    ('algorithms = ["ERM"]\ndatasets = ["ColoredMNIST"]\nn_trails = 3\n', "unknown key(s) n_trails"),
+    ('algorithms = ["ERN"]\ndatasets = ["ColoredMNIST"]\n', "unknown algorithm 'ERN' in 'algorithms'"),
+    ('algorithms = ["ERM"]\ndatasets = ["CMNIST"]\n', "unknown dataset 'CMNIST' in 'datasets'"),
+    ('algorithms = ["ERM"]\ndatasets = ["ColoredMNIST"]\nn_hparams = 0\n', "'n_hparams' must be at least 1"),
+    ('algorithms = ["ERM"]\ndatasets = ["ColoredMNIST"]\ntest_envs = []\n', "the sweep has no jobs"),
+    ('algorithms = ["ERM"]\ndatasets = ["ColoredMNIST"]\ntest_envs = [[5]]\n', "test environment 5 is out of range"),
+    ('algorithms = ["ERM"]\ndatasets = ["ColoredMNIST"]\n[hparams]\nirm_lambda = 1.0\n', "irm_lambda unknown to ERM"),
+    ('algorithms = ["ERM"\n', "is not valid TOML"),
+]
+
+
+@pytest.mark.parametrize("text, message", BAD_SPECS, ids=[m for _, m in BAD_SPECS])
+def test_bad_spec_gives_one_clear_line(tmp_path, capsys, text, message):
+    spec = tmp_path / "bad.toml"
+    spec.write_text(text)
+    code, _, err = cli(capsys, "sweep", "launch", "--spec", str(spec), "--output_dir", str(tmp_path / "o"), "--yes")
+    assert code == 2 and message in err and len(err.strip().splitlines()) == 1
+    assert "Traceback" not in err
+
+
+def test_unwritable_output_dir(tmp_path, capsys):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    code, _, err = cli(capsys, *launch_args(write_spec(tmp_path), blocker / "sweep"))
+    assert code == 2 and "cannot create output_dir" in err
+
+
+def test_collect_without_finished_runs(tmp_path, capsys):
+    (tmp_path / "empty").mkdir()
+    code, _, err = cli(capsys, "collect", "--input_dir", str(tmp_path / "empty"))
+    assert code == 2 and "no finished runs in" in err
+
+
+def test_threads_are_divided_between_workers():
+    assert threads_per_worker(2, cores=2) == 1
+    assert threads_per_worker(1, cores=2) == 2
+    assert threads_per_worker(3, cores=2) == 1
+    assert threads_per_worker(4, cores=16) == 4
+
+
+def test_parallel_launcher_runs_every_job(tmp_path, capsys):
+    spec, out = write_spec(tmp_path, steps=3), tmp_path / "sweep"
+    args = [a if a != "local" else "parallel" for a in launch_args(spec, out)] + ["--workers", "2"]
+    code, stdout, _ = cli(capsys, *args)
+    assert code == 0 and "12 done" in stdout
+    jobs = build_jobs(parse_spec({"algorithms": ["ERM", "VREx"], "datasets": ["ColoredMNIST"], "n_hparams": 1,
+                                  "n_trials": 2, "steps": 3, "checkpoint_freq": 2,
+                                  "hparams": {"featurizer": "MLP", "mlp_width": 32, "batch_size": 16}}))
+    assert set(job_states(jobs, out).values()) == {"done"}
+
+
+def test_slurm_launcher_through_submitit_local_executor(tmp_path, capsys):
+    pytest.importorskip("submitit")
+    spec = tmp_path / "one.toml"
+    spec.write_text(SPEC.format(steps=3, freq=2).replace('["ERM", "VREx"]', '["ERM"]').replace("n_trials = 2", "n_trials = 1"))
+    out = tmp_path / "sweep"
+    args = [a if a != "local" else "slurm" for a in launch_args(spec, out)] + ["--slurm_cluster", "local", "--slurm_cpus", "1"]
+    code, stdout, _ = cli(capsys, *args)
+    assert code == 0 and "launched 3 jobs: 3 done" in stdout
+    assert (out / "slurm_logs").is_dir()
+
+
+def test_launch_asks_only_on_a_terminal(tmp_path, capsys, monkeypatch):
+    spec, out = write_spec(tmp_path), tmp_path / "sweep"
+    args = [a for a in launch_args(spec, out) if a != "--yes"]
+    monkeypatch.setattr(sys.stdin, "isatty", lambda: True, raising=False)
+    monkeypatch.setattr("builtins.input", lambda prompt: "n")
+    code, stdout, _ = cli(capsys, *args)
+    assert code == 1 and "not launched" in stdout
