@@ -1,6 +1,6 @@
 """`make bench`: the speed and memory figures the issues ask for (not timed assertions).
 
-Run with DOMAINGEN_DATA pointing at real MNIST: python -m domaingen.bench [--skip_fp32_eval]
+Run with DOMAINGEN_DATA pointing at real MNIST: python -m domaingen.bench [--only training|bookkeeping]
 """
 
 from __future__ import annotations
@@ -65,16 +65,69 @@ def bench_training(data_dir: str, algorithm: str, steps: int, skip_fp32_eval: bo
     return rows
 
 
+def bench_bookkeeping(n_runs: int = 10_000, n_records: int = 10_000) -> list[list]:
+    """Sweep bookkeeping on synthetic directories: job list, state scan, collect + tables."""
+    import json
+    import tempfile
+    from pathlib import Path
+
+    from domaingen.collect import collect
+    from domaingen.reporting import build_tables, to_markdown
+    from domaingen.rundir import ARGS, DONE, to_json
+    from domaingen.sweep import build_jobs, job_states, parse_spec
+
+    rows = []
+    spec = parse_spec({"algorithms": ALGORITHMS.names(), "datasets": ["ColoredMNIST", "RotatedMNIST"],
+                       "pairs": True, "n_hparams": 40, "n_trials": 3})
+    start = time.perf_counter()
+    jobs = build_jobs(spec)
+    rows.append([f"build the job list ({len(jobs)} jobs)", f"{time.perf_counter() - start:.2f} s"])
+    with tempfile.TemporaryDirectory() as tmp:
+        sweep_dir = Path(tmp) / "sweep"
+        for i, job in enumerate(jobs[:n_runs]):
+            d = job.directory(sweep_dir)
+            d.mkdir(parents=True)
+            (d / ARGS).write_text(json.dumps(dict(job.args)))
+            if i % 3:
+                (d / DONE).write_text("{}")
+        start = time.perf_counter()
+        job_states(jobs[:n_runs], sweep_dir)
+        rows.append([f"scan the states of {min(n_runs, len(jobs))} run directories", f"{time.perf_counter() - start:.2f} s"])
+    with tempfile.TemporaryDirectory() as tmp:
+        per_run = 50
+        for r in range(n_records // per_run):
+            d = Path(tmp) / f"run{r}"
+            d.mkdir()
+            args = {"dataset": "ColoredMNIST", "algorithm": ["ERM", "IRM"][r % 2], "test_envs": [r // 2 % 3],
+                    "hparams_seed": r // 6 % 10, "trial_seed": r // 60}
+            lines = [to_json({"step": 100 * s, "loss": 0.5, **{f"env{i}_{sp}_acc": 0.5 + 0.001 * ((r * 7 + s * 3 + i) % 97)
+                     for i in range(3) for sp in ("in", "out")}, "hparams": {"lr": 1e-3}, "args": args}) for s in range(per_run)]
+            (d / "results.jsonl").write_text("\n".join(lines) + "\n")
+            (d / DONE).write_text("{}")
+        start = time.perf_counter()
+        collection = collect(tmp)
+        loaded = time.perf_counter() - start
+        to_markdown(build_tables(collection, ["training", "oracle"]), collection)
+        rows.append([f"collect {len(collection.records)} records", f"{loaded:.2f} s"])
+        rows.append(["collect + select + tables (training, oracle)", f"{time.perf_counter() - start:.2f} s"])
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--data_dir", default=None)
     parser.add_argument("--algorithm", default="ERM")
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--skip_fp32_eval", action="store_true", help="the fp32 evaluation takes minutes on 2 cores")
+    parser.add_argument("--only", choices=["training", "bookkeeping"], default=None)
     ns = parser.parse_args(argv)
     data_dir = resolve_data_dir(ns.data_dir)
     print(f"device {resolve_device('auto')}, {torch.get_num_threads()} torch threads, torch {torch.__version__}")
-    rows = bench_training(data_dir, ns.algorithm, ns.steps, ns.skip_fp32_eval)
+    rows = []
+    if ns.only in (None, "bookkeeping"):
+        rows += bench_bookkeeping()
+    if ns.only in (None, "training"):
+        rows += bench_training(data_dir, ns.algorithm, ns.steps, ns.skip_fp32_eval)
     print(tabulate(rows, headers=["measure", "value"]))
     return 0
 

@@ -114,3 +114,33 @@ def test_failed_run_exits_non_zero_with_reason(tmp_path, capsys):
     assert code != 0
     assert "non-finite loss" in err
     assert (tmp_path / "run" / "failed").exists()
+
+
+def test_a_user_algorithm_is_one_registered_class(tmp_path, capsys):
+    import torch.nn.functional as F
+
+    from domaingen.algorithms.base import ALGORITHMS, FeaturizerClassifier, concat
+    from domaingen.hparams import HParam, log_uniform
+
+    @ALGORITHMS.register("LabelSmoothing")
+    class LabelSmoothing(FeaturizerClassifier):
+        """ERM with label smoothing."""
+
+        HPARAMS = {"smoothing": HParam(0.1, log_uniform(-3, -0.5))}
+
+        def update(self, minibatches):
+            x, y = concat(minibatches)
+            loss = F.cross_entropy(self.predict(x), y, label_smoothing=self.hparams["smoothing"])
+            self.step(loss)
+            return {"loss": loss.item()}
+
+    try:
+        code, out, _ = run_cli(capsys, "list")
+        assert "LabelSmoothing" in out and "smoothing" in out
+        args = replace_flag(train_args(tmp_path / "run"), "--algorithm", "LabelSmoothing")
+        code, out, _ = run_cli(capsys, *args)
+        assert code == 0 and "done" in out
+        record = json.loads((tmp_path / "run" / "results.jsonl").read_text().splitlines()[-1])
+        assert record["hparams"]["smoothing"] == 0.1
+    finally:
+        ALGORITHMS.unregister("LabelSmoothing")

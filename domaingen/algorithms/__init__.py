@@ -1,6 +1,12 @@
-"""The algorithm table. Importing this package registers every built-in algorithm."""
+"""The algorithm table. Importing this package imports every module in it, and so
+registers every built-in algorithm: a new algorithm is one new module here."""
+
+import importlib
+import pkgutil
 
 from domaingen.algorithms.base import ALGORITHMS, Algorithm, FeaturizerClassifier
-from domaingen.algorithms import erm, fish, irm, sandmask, vrex  # noqa: F401  (registration)
+
+for _module in pkgutil.iter_modules(__path__):
+    importlib.import_module(f"{__name__}.{_module.name}")
 
 __all__ = ["ALGORITHMS", "Algorithm", "FeaturizerClassifier"]
