@@ -23,6 +23,7 @@ from domaingen.sweep import (
     load_spec,
     parse_spec,
     prepare_sweep_dir,
+    read_recorded_spec,
 )
 
 FLAG_KEYS = ("algorithms", "datasets", "n_hparams", "n_trials", "steps", "checkpoint_freq", "precision", "pairs")
@@ -32,7 +33,12 @@ def spec_from_args(ns: argparse.Namespace):
     """The sweep spec: the TOML file's keys, overridden by any flags given."""
     data: dict[str, Any] = {}
     source = "command line"
-    if ns.spec:
+    recorded = read_recorded_spec(ns.output_dir)
+    if not ns.spec and recorded is not None and ns.algorithms is None and ns.datasets is None:
+        # status / delete-incomplete / relaunch of an existing sweep: its own recorded spec
+        data = {k: v for k, v in recorded.items() if v is not None}
+        source = f"{ns.output_dir}/sweep.json"
+    elif ns.spec:
         spec = load_spec(ns.spec)
         data = {k: v for k, v in spec.canonical().items() if v is not None}
         source = ns.spec
@@ -43,7 +49,9 @@ def spec_from_args(ns: argparse.Namespace):
     if getattr(ns, "hparams", None):
         data["hparams"] = {**data.get("hparams", {}), **parse_overrides(ns.hparams)}
     if "algorithms" not in data or "datasets" not in data:
-        raise SpecError("give --spec FILE, or --algorithms and --datasets")
+        raise SpecError(
+            "give --spec FILE, or --algorithms and --datasets (or an --output_dir that holds a launched sweep)"
+        )
     return parse_spec(data, source)
 
 

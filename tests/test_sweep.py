@@ -258,3 +258,12 @@ def test_launch_asks_only_on_a_terminal(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr("builtins.input", lambda prompt: "n")
     code, stdout, _ = cli(capsys, *args)
     assert code == 1 and "not launched" in stdout
+
+
+def test_status_reads_the_recorded_spec(tmp_path, capsys):
+    spec, out = write_spec(tmp_path, steps=3), tmp_path / "sweep"
+    cli(capsys, *launch_args(spec, out))
+    code, status, _ = cli(capsys, "sweep", "status", "--output_dir", str(out))
+    assert code == 0 and "12 jobs" in status and "12 done" in status
+    code, _, err = cli(capsys, "sweep", "status", "--output_dir", str(tmp_path / "nothing"))
+    assert code == 2 and "give --spec FILE" in err
