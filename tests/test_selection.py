@@ -114,3 +114,35 @@ def test_table_cells_and_average_column():
     assert avg["mean"].iloc[0] == pytest.approx(.5) and avg["n"].iloc[0] == 2
     indomain = tables[2].rows["A"]
     assert [c.mean for c in indomain[:2]] == pytest.approx([.7, .3])
+
+
+def test_domainbed_output_directories_are_collected(tmp_path):
+    """A sweep directory as DomainBed writes it: results.jsonl with its field names and a `done` file."""
+    import json
+
+    from domaingen.collect import collect
+
+    for test_env in (0, 1):
+        for trial in (0, 1):
+            run = tmp_path / f"{test_env}{trial}abcdef"
+            run.mkdir()
+            args = {"algorithm": "ERM", "checkpoint_freq": None, "data_dir": "/data", "dataset": "ColoredMNIST",
+                    "holdout_fraction": 0.2, "hparams": None, "hparams_seed": 0, "output_dir": str(run),
+                    "save_model_every_checkpoint": False, "seed": 123, "skip_model_save": False, "steps": None,
+                    "task": "domain_generalization", "test_envs": [test_env], "trial_seed": trial,
+                    "uda_holdout_fraction": 0}
+            lines = []
+            for step, acc in ((0, 0.5), (100, 0.6 + 0.1 * trial)):
+                record = {"args": args, "epoch": step / 291.0, "hparams": {"batch_size": 64, "lr": 0.001},
+                          "loss": 0.6, "mem_gb": 1.2, "step": step, "step_time": 0.05}
+                for i in range(3):
+                    record[f"env{i}_in_acc"] = acc if i == test_env else 0.9
+                    record[f"env{i}_out_acc"] = 0.5 + step / 1000
+                lines.append(json.dumps(record, sort_keys=True))
+            (run / "results.jsonl").write_text("\n".join(lines) + "\n")
+            (run / "done").write_text("done")
+    collection = collect(tmp_path)
+    assert len(collection.records) == 8
+    tables = build_tables(collection, ["training"])
+    assert [round(c.mean, 4) for c in tables[0].rows["ERM"][:2]] == [0.65, 0.65]
+    assert "missing" in tables[0].rows["ERM"][2].text()
