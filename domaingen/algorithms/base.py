@@ -104,3 +104,9 @@ class FeaturizerClassifier(Algorithm):
 def concat(minibatches: Minibatches) -> tuple[torch.Tensor, torch.Tensor]:
     """All environments' examples as one batch."""
     return torch.cat([x for x, _ in minibatches]), torch.cat([y for _, y in minibatches])
+
+
+def split_by_env(logits: torch.Tensor, minibatches: Minibatches) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """(logits, labels) per environment, from one forward pass over the concatenated minibatches."""
+    labels = [y for _, y in minibatches]
+    return list(zip(torch.split(logits, [len(y) for y in labels]), labels))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from domaingen.algorithms.base import ALGORITHMS, Minibatches, concat
+from domaingen.algorithms.base import ALGORITHMS, Minibatches, concat, split_by_env
 from domaingen.algorithms.penalties import AnnealedPenalty
 from domaingen.hparams import HParam, int_log_uniform, log_uniform
 
@@ -39,17 +39,9 @@ class IRM(AnnealedPenalty):
 
     def update(self, minibatches: Minibatches) -> dict[str, float]:
         weight = self.penalty_weight()
-        x, _ = concat(minibatches)
-        logits = self.predict(x)
-        nll = logits.new_zeros(())
-        penalty = logits.new_zeros(())
-        start = 0
-        for _, y in minibatches:
-            env_logits = logits[start : start + len(y)]
-            start += len(y)
-            nll = nll + F.cross_entropy(env_logits, y)
-            penalty = penalty + irm_penalty(env_logits, y)
-        nll, penalty = nll / len(minibatches), penalty / len(minibatches)
+        per_env = split_by_env(self.predict(concat(minibatches)[0]), minibatches)
+        nll = torch.stack([F.cross_entropy(logits, y) for logits, y in per_env]).mean()
+        penalty = torch.stack([irm_penalty(logits, y) for logits, y in per_env]).mean()
         loss = nll + weight * penalty
         self.step(loss)
         return {"loss": loss.item(), "nll": nll.item(), "penalty": penalty.item()}
