@@ -267,3 +267,13 @@ def test_status_reads_the_recorded_spec(tmp_path, capsys):
     assert code == 0 and "12 jobs" in status and "12 done" in status
     code, _, err = cli(capsys, "sweep", "status", "--output_dir", str(tmp_path / "nothing"))
     assert code == 2 and "give --spec FILE" in err
+
+
+def test_slurm_jobs_requeue_themselves_with_the_same_arguments():
+    submitit = pytest.importorskip("submitit")
+    from domaingen.launchers import _RequeueableJob
+
+    job = _RequeueableJob()
+    again = job.checkpoint("abc", {"dataset": "ColoredMNIST"}, 2)
+    assert isinstance(again, submitit.helpers.DelayedSubmission)
+    assert again.function is job and again.args == ("abc", {"dataset": "ColoredMNIST"}, 2)
