@@ -236,7 +236,7 @@ def read_recorded_spec(sweep_dir: str | os.PathLike) -> dict[str, Any] | None:
     """The spec a sweep directory was launched with, if any."""
     try:
         return json.loads((Path(sweep_dir) / SPEC_FILE).read_text())
-    except (FileNotFoundError, json.JSONDecodeError):
+    except (OSError, json.JSONDecodeError):  # absent, unreadable, or a path through a file
         return None
 
 
