@@ -146,7 +146,7 @@ def collect_command(ns: argparse.Namespace) -> int:
     methods = ns.selection
     if methods is None:
         has_pairs = (collection.records["test_envs"].map(len) == 2).any()
-        methods = ["training"] + (["loo"] if has_pairs else []) + ["oracle"]
+        methods = ["training", "oracle"] + (["loo"] if has_pairs else [])
     tables = build_tables(collection, methods)
     if ns.format == "markdown":
         text = to_markdown(tables, collection, ns.show_trials)
