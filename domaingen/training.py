@@ -221,6 +221,7 @@ def _train_loop(
                 "epoch": step / steps_per_epoch,
                 **{k: sum(v) / len(v) for k, v in pending.items()},
                 **evaluate(algorithm, splits, device, args["precision"]),
+                **algorithm.diagnostics(),
                 "mem_gb": peak_memory_gb(device),
                 "data_source": dataset.data_source,
                 "hparams": hparams,

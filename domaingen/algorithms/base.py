@@ -53,6 +53,10 @@ class Algorithm(nn.Module):
         """Logits for `x`. `domain` is used only by domain-aware methods."""
         raise NotImplementedError
 
+    def diagnostics(self) -> dict[str, Any]:
+        """Extra fields written into every results record (e.g. mask statistics); none by default."""
+        return {}
+
     def optimizers(self) -> dict[str, torch.optim.Optimizer]:
         """The optimizers this algorithm holds, by attribute name."""
         return {k: v for k, v in vars(self).items() if isinstance(v, torch.optim.Optimizer)}
