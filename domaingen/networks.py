@@ -32,8 +32,11 @@ def to_device(x: torch.Tensor, device: torch.device) -> torch.Tensor:
 
 
 def place_model(model: nn.Module, device: torch.device, input_shape: Sequence[int]) -> nn.Module:
-    """Move a model to `device`, channels-last when its inputs are images (matching `to_device`)."""
-    if len(input_shape) == 3:
+    """Move a model to `device`, channels-last when its inputs are images (matching `to_device`).
+
+    A model whose `prefers_channels_last` attribute is False stays contiguous (NCHW).
+    """
+    if len(input_shape) == 3 and getattr(model, "prefers_channels_last", True):
         return model.to(device, memory_format=torch.channels_last)
     return model.to(device)
 

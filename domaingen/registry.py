@@ -23,6 +23,8 @@ class Registry(Generic[T]):
     def __init__(self, kind: str) -> None:
         self.kind = kind
         self._entries: dict[str, T] = {}
+        self._modifiers: dict[str, Callable[[T], T]] = {}
+        self._composed: dict[str, T] = {}
 
     def register(self, name: str | None = None) -> Callable[[T], T]:
         """Class decorator: add the class under `name` (default: its __name__)."""
@@ -40,21 +42,46 @@ class Registry(Generic[T]):
         """Remove an entry (used by tests that register temporary classes)."""
         self._entries.pop(name, None)
 
+    def register_modifier(self, suffix: str, compose: Callable[[T], T]) -> None:
+        """Make every `NAME+suffix` valid: `compose(get(NAME))`, built on first use and cached."""
+        if suffix in self._modifiers:
+            raise ValueError(f"{self.kind} modifier '{suffix}' is registered twice")
+        self._modifiers[suffix] = compose
+
     def get(self, name: str) -> T:
-        """Return the class registered as `name`, or raise a message listing valid names."""
-        try:
+        """Return the class registered as `name` (or composed as `BASE+MODIFIER`).
+
+        An unknown name raises a message listing the valid names.
+        """
+        if name in self._entries:
             return self._entries[name]
-        except KeyError:
-            raise UnknownNameError(
-                f"unknown {self.kind} '{name}'; valid {self.kind}s: {', '.join(self.names())}"
-            ) from None
+        if name in self._composed:
+            return self._composed[name]
+        base, plus, suffix = name.rpartition("+")
+        if plus and suffix in self._modifiers and base in self._entries:
+            self._composed[name] = self._modifiers[suffix](self._entries[base])
+            return self._composed[name]
+        valid = ", ".join(self.names())
+        if self._modifiers:
+            valid += "; and X+" + ", X+".join(self._modifiers) + " for any of them"
+        raise UnknownNameError(f"unknown {self.kind} '{name}'; valid {self.kind}s: {valid}")
 
     def names(self) -> list[str]:
         """Registered names, in registration order."""
         return list(self._entries)
 
+    def composed_names(self) -> list[str]:
+        """Every `NAME+MODIFIER` the registered modifiers make valid."""
+        return [f"{name}+{suffix}" for suffix in self._modifiers for name in self._entries]
+
     def __contains__(self, name: object) -> bool:
-        return name in self._entries
+        if not isinstance(name, str):
+            return False
+        try:
+            self.get(name)
+        except UnknownNameError:
+            return False
+        return True
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._entries)

@@ -27,6 +27,8 @@ class Algorithm(nn.Module):
     """
 
     HPARAMS: ClassVar[dict[str, HParam]] = {}
+    # image models run channels-last (faster oneDNN/cuDNN convolutions) unless a method opts out
+    prefers_channels_last: ClassVar[bool] = True
 
     def __init__(
         self, input_shape: Sequence[int], num_classes: int, num_domains: int, hparams: Mapping[str, Any]
@@ -92,8 +94,15 @@ class FeaturizerClassifier(Algorithm):
         super().__init__(input_shape, num_classes, num_domains, hparams)
         self.featurizer = build_featurizer(self.input_shape, self.hparams)
         self.classifier = build_classifier(self.featurizer.n_outputs, num_classes)
+        self.prepare_modules()
         self.network = nn.Sequential(self.featurizer, self.classifier)
         self.optimizer = make_adam(self.network.parameters(), self.hparams)
+
+    def prepare_modules(self) -> None:
+        """Adapt `featurizer` and `classifier` before the network and its optimizer are built.
+
+        A no-op here; regularizers that change layers (ModReg's weight masks) override it.
+        """
 
     def predict(self, x: torch.Tensor, domain: int | torch.Tensor | None = None) -> torch.Tensor:
         return self.network(x)

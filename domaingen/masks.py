@@ -1,0 +1,205 @@
+"""Learned masks over a network: per-weight Gumbel-sigmoid masks (ModReg, diagnostics).
+
+Weight masks follow Csordás et al. (ICLR 2021): every weight w of a Linear or
+Conv2d layer has a logit l; during training the layer uses w * b with
+b = 1[s > 0.5], s = sigmoid((l - log(log U1 / log U2)) / tau), U1, U2 ~ U(0, 1),
+and the straight-through gradient of s, so E[b] = sigmoid(l). The batch is cut
+into `groups` interleaved groups (example n belongs to group n mod groups), each
+with its own mask sample, computed in one batched matmul or grouped convolution.
+In eval mode the mask is the deterministic 1[sigmoid(l) > 0.5].
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from domaingen.errors import DomaingenError
+
+# --- per-weight Gumbel-sigmoid masks (ModReg) ---
+
+DEFAULT_INIT_LOGIT = 2.0  # sigmoid(2) = 0.881: weights start kept with high probability
+
+
+def gumbel_sigmoid(logits: torch.Tensor, tau: float = 1.0, hard: bool = True) -> torch.Tensor:
+    """A relaxed Bernoulli(sigmoid(logits)) sample; `hard` gives 0/1 values with the soft gradient."""
+    u1 = torch.rand_like(logits).clamp_(1e-10, 1.0)
+    u2 = torch.rand_like(logits).clamp_(1e-10, 1.0)
+    # log(log u1 / log u2): the difference of two Gumbel samples, i.e. a Logistic(0, 1) sample
+    noise = torch.log(torch.log(u1) / torch.log(u2))
+    soft = torch.sigmoid((logits - noise) / tau)
+    if not hard:
+        return soft
+    hard_sample = (soft > 0.5).to(soft.dtype)
+    return hard_sample - soft.detach() + soft
+
+
+def eval_mask(logits: torch.Tensor) -> torch.Tensor:
+    """The deterministic mask 1[sigmoid(l) > 0.5] = 1[l > 0]."""
+    return (logits > 0).to(logits.dtype)
+
+
+def _pad_to_multiple(x: torch.Tensor, groups: int) -> tuple[torch.Tensor, int]:
+    n = x.shape[0]
+    padded = -(-n // groups) * groups
+    if padded == n:
+        return x, n
+    return torch.cat([x, x.new_zeros((padded - n, *x.shape[1:]))]), n
+
+
+class _WeightMasked:
+    """Mixin for a layer whose weight is multiplied by a learned binary mask."""
+
+    weight: nn.Parameter
+    mask_logits: nn.Parameter
+    groups_per_batch: int
+    tau: float
+
+    def init_mask(self, groups: int, init_logit: float, tau: float, mask_bias: bool) -> None:
+        if groups < 1:
+            raise DomaingenError(f"mask groups must be at least 1, got {groups}")
+        self.groups_per_batch = int(groups)
+        self.tau = float(tau)
+        self.mask_logits = nn.Parameter(torch.full_like(self.weight, float(init_logit)))
+        self.bias_mask_logits = None
+        if mask_bias and getattr(self, "bias", None) is not None:
+            self.bias_mask_logits = nn.Parameter(torch.full_like(self.bias, float(init_logit)))
+
+    def sample_masks(self, logits: torch.Tensor) -> torch.Tensor:
+        """`groups` independent hard samples stacked on dim 0."""
+        expanded = logits.unsqueeze(0).expand(self.groups_per_batch, *logits.shape)
+        return gumbel_sigmoid(expanded, self.tau)
+
+    def masked_bias(self, n_groups: int | None) -> torch.Tensor | None:
+        bias = getattr(self, "bias", None)
+        if bias is None or self.bias_mask_logits is None:
+            return bias
+        if n_groups is None:
+            return bias * eval_mask(self.bias_mask_logits)
+        return bias * self.sample_masks(self.bias_mask_logits)
+
+
+class MaskedLinear(nn.Linear, _WeightMasked):
+    """nn.Linear with a per-weight Gumbel-sigmoid mask (see the module docstring)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.training:
+            return F.linear(x, self.weight * eval_mask(self.mask_logits), self.masked_bias(None))
+        k = self.groups_per_batch
+        lead = x.shape[:-1]
+        flat = x.reshape(-1, x.shape[-1])
+        flat, n = _pad_to_multiple(flat, k)
+        weights = self.weight * self.sample_masks(self.mask_logits)  # [k, out, in]
+        grouped = flat.view(-1, k, flat.shape[-1]).transpose(0, 1)  # [k, n/k, in]
+        out = torch.bmm(grouped, weights.transpose(1, 2))
+        bias = self.masked_bias(k)
+        if bias is not None:
+            out = out + (bias.unsqueeze(1) if bias.dim() == 2 else bias)
+        out = out.transpose(0, 1).reshape(-1, out.shape[-1])[:n]
+        return out.reshape(*lead, out.shape[-1])
+
+
+class MaskedConv2d(nn.Conv2d, _WeightMasked):
+    """nn.Conv2d with a per-weight Gumbel-sigmoid mask; groups of the batch run as one grouped conv."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.training:
+            return self._conv_forward(x, self.weight * eval_mask(self.mask_logits), self.masked_bias(None))
+        if self.groups != 1:
+            raise DomaingenError("weight masks support only ungrouped convolutions (groups=1)")
+        k = self.groups_per_batch
+        x, n = _pad_to_multiple(x, k)
+        c_in, h, w = x.shape[1:]
+        weights = self.weight * self.sample_masks(self.mask_logits)  # [k, out, in, kh, kw]
+        bias = self.masked_bias(k)
+        if bias is not None and bias.dim() == 1:
+            bias = bias.repeat(k)
+        # example n*k + g sits in channel block g of row n: a free view of contiguous NCHW
+        stacked = x.contiguous().view(-1, k * c_in, h, w)
+        out = F.conv2d(
+            stacked, weights.reshape(-1, *weights.shape[2:]), bias.reshape(-1) if bias is not None else None,
+            self.stride, self.padding, self.dilation, groups=k,
+        )
+        out = out.reshape(-1, self.out_channels, *out.shape[2:])
+        return out[:n]
+
+
+def _convert(layer: nn.Module, groups: int, init_logit: float, tau: float, mask_bias: bool) -> nn.Module:
+    if isinstance(layer, (MaskedLinear, MaskedConv2d)):
+        return layer
+    if type(layer) is nn.Linear:
+        layer.__class__ = MaskedLinear
+    elif type(layer) is nn.Conv2d:
+        if layer.padding_mode != "zeros":
+            raise DomaingenError(f"weight masks support only zero-padded convolutions, got {layer.padding_mode}")
+        layer.__class__ = MaskedConv2d
+    else:
+        return layer
+    layer.init_mask(groups, init_logit, tau, mask_bias)
+    return layer
+
+
+def add_weight_masks(
+    model: nn.Module,
+    groups: int = 4,
+    init_logit: float = DEFAULT_INIT_LOGIT,
+    tau: float = 1.0,
+    mask_bias: bool = False,
+) -> list[tuple[str, nn.Module]]:
+    """Give every nn.Linear and nn.Conv2d in `model` a weight mask, in place.
+
+    The layers keep their weight and bias Parameters (optimizers built later see
+    them, plus the new `mask_logits`). Returns the masked layers with their names.
+    Raises DomaingenError when the model has no maskable layer.
+    """
+    masked = []
+    for name, module in model.named_modules():
+        if type(module) in (nn.Linear, nn.Conv2d, MaskedLinear, MaskedConv2d):
+            masked.append((name, _convert(module, groups, init_logit, tau, mask_bias)))
+    if not masked:
+        raise DomaingenError(
+            f"ModReg found no layer to mask in {type(model).__name__}: weight masks need nn.Linear or nn.Conv2d layers"
+        )
+    return masked
+
+
+def masked_layers(model: nn.Module) -> list[tuple[str, nn.Module]]:
+    """The (name, layer) pairs of `model` that carry a weight mask."""
+    return [(n, m) for n, m in model.named_modules() if isinstance(m, (MaskedLinear, MaskedConv2d))]
+
+
+def outgoing_sums(values: torch.Tensor) -> torch.Tensor:
+    """Per input feature p, the sum of `values` over the weights leaving p (W[:, p] or W[:, p, :, :])."""
+    dims = [0] + list(range(2, values.dim()))
+    return values.sum(dim=dims)
+
+
+def specialization_penalty(logits: torch.Tensor) -> torch.Tensor:
+    """S1 of one layer: sum over input features p of (sum of pi over the weights leaving p)^2."""
+    return outgoing_sums(torch.sigmoid(logits)).square().sum()
+
+
+def reuse_penalty(logits: torch.Tensor) -> torch.Tensor:
+    """S2 of one layer: sum over input features p of sqrt(sum of pi^2 over the weights leaving p)."""
+    return outgoing_sums(torch.sigmoid(logits).square()).sqrt().sum()
+
+
+@dataclass
+class SubnetworkStats:
+    """What the deterministic mask keeps of one layer."""
+
+    kept_fraction: float
+    inputs_kept: int
+    inputs_total: int
+
+
+def subnetwork_stats(layer: nn.Module) -> SubnetworkStats:
+    """Kept-weight fraction and the number of input features with any kept outgoing weight."""
+    with torch.no_grad():
+        mask = eval_mask(layer.mask_logits)
+        per_input = outgoing_sums(mask)
+        return SubnetworkStats(float(mask.mean()), int((per_input > 0).sum()), int(per_input.numel()))
+
