@@ -88,8 +88,11 @@ def _add_collect_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("collect", help="selection + result tables from finished runs")
     p.add_argument("--input_dir", required=True)
     p.add_argument("--format", choices=["markdown", "latex", "csv"], default="markdown")
-    p.add_argument("--selection", nargs="+", choices=["training", "loo", "oracle"], default=None,
-                   help="default: training and oracle, then loo when pair runs exist")
+    p.add_argument("--selection", nargs="+", choices=["training", "loo", "oracle", "last"], default=None,
+                   help="default: training and oracle, then loo when pair runs exist; "
+                        "last = no selection, the final checkpoint (the IRM paper's protocol)")
+    p.add_argument("--error", choices=["se", "std"], default="se",
+                   help="what ± shows: standard error over trials (default) or their standard deviation")
     p.add_argument("--output", default=None, help="write here instead of stdout")
     p.add_argument("--show_trials", action="store_true", help="append the number of trials to each cell")
     p.add_argument("--bare", action="store_true", help="latex: tables only, for \\input")

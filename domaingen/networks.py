@@ -78,7 +78,33 @@ class MNIST_CNN(nn.Module):
         return self.layers(x).mean(dim=(2, 3))
 
 
-FEATURIZERS = ("MNIST_CNN", "MLP")
+class IRMPaperMLP(nn.Module):
+    """The IRM paper's Colored MNIST network without its last layer: Linear, ReLU, Linear, ReLU.
+
+    Weights Xavier-uniform, biases zero, as in that paper; `head_init` asks the
+    classifier head for the same initialisation.
+    """
+
+    head_init = "xavier"
+
+    def __init__(self, n_inputs: int, width: int) -> None:
+        super().__init__()
+        self.layers = nn.Sequential(nn.Flatten(), nn.Linear(n_inputs, width), nn.ReLU(), nn.Linear(width, width), nn.ReLU())
+        for layer in self.layers:
+            if isinstance(layer, nn.Linear):
+                _xavier(layer)
+        self.n_outputs = width
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.layers(x)
+
+
+def _xavier(layer: nn.Linear) -> None:
+    nn.init.xavier_uniform_(layer.weight)
+    nn.init.zeros_(layer.bias)
+
+
+FEATURIZERS = ("MNIST_CNN", "MLP", "IRM_MLP")
 
 
 def build_featurizer(input_shape: Sequence[int], hparams: Mapping[str, Any]) -> nn.Module:
@@ -94,6 +120,8 @@ def build_featurizer(input_shape: Sequence[int], hparams: Mapping[str, Any]) -> 
         return MLP(
             math.prod(input_shape), width, width, int(hparams.get("mlp_depth", 3)), float(hparams.get("mlp_dropout", 0.0))
         )
+    if name == "IRM_MLP":
+        return IRMPaperMLP(math.prod(input_shape), int(hparams.get("mlp_width", 256)))
     if name == "MNIST_CNN":
         if len(input_shape) != 3:
             raise DomaingenError(f"MNIST_CNN needs image inputs (C, H, W), got shape {tuple(input_shape)}")
@@ -101,6 +129,14 @@ def build_featurizer(input_shape: Sequence[int], hparams: Mapping[str, Any]) -> 
     raise DomaingenError(f"unknown featurizer '{name}'; valid featurizers: auto, {', '.join(FEATURIZERS)}")
 
 
-def build_classifier(n_features: int, num_classes: int) -> nn.Linear:
-    """A linear classifier head."""
-    return nn.Linear(n_features, num_classes)
+def build_classifier(n_features: int, num_classes: int, single_logit: bool = False, init: str = "default") -> nn.Linear:
+    """A linear classifier head; a binary task may use one logit (class 1 when it is > 0).
+
+    `init` is "default" (torch's) or "xavier" (Xavier-uniform weights, zero bias).
+    """
+    if single_logit and num_classes != 2:
+        raise DomaingenError(f"single_logit needs a binary task, but there are {num_classes} classes")
+    head = nn.Linear(n_features, 1 if single_logit else num_classes)
+    if init == "xavier":
+        _xavier(head)
+    return head

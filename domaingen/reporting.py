@@ -41,10 +41,19 @@ class Cell:
             return math.nan
         return float(np.std(self.values, ddof=1) / math.sqrt(len(self.values)))
 
-    def text(self, show_n: bool = False) -> str:
+    @property
+    def std(self) -> float:
+        """Sample standard deviation over trials (what the IRM paper's ± reports)."""
+        return float(np.std(self.values, ddof=1)) if len(self.values) > 1 else math.nan
+
+    def spread(self, error: str = "se") -> float:
+        """The ± of a cell: "se" (standard error, the default) or "std"."""
+        return self.std if error == "std" else self.se
+
+    def text(self, show_n: bool = False, error: str = "se") -> str:
         if not self.values:
             return f"missing: {self.missing}" if self.missing else "missing"
-        body = f"{100 * self.mean:.1f}" + (f" ± {100 * self.se:.1f}" if self.n > 1 else "")
+        body = f"{100 * self.mean:.1f}" + (f" ± {100 * self.spread(error):.1f}" if self.n > 1 else "")
         return body + (f" (n={self.n})" if show_n else "")
 
 
@@ -120,8 +129,9 @@ def dataset_tables(collection: Collection, method: str) -> tuple[list[Table], li
             in_rows[algorithm] = in_cells + [_average_cell(in_cells)]
         title = METHOD_TITLES[method]
         test_tables.append(Table(f"{dataset}: test accuracy, {title}", f"{dataset}/{method}/test", names + ["Avg"], test_rows))
+        which = "in (training) splits" if method == "last" else "out splits"
         indomain_tables.append(
-            Table(f"{dataset}: in-domain accuracy (training envs' out splits), {title}", f"{dataset}/{method}/indomain", names + ["Avg"], in_rows)
+            Table(f"{dataset}: in-domain accuracy (training envs' {which}), {title}", f"{dataset}/{method}/indomain", names + ["Avg"], in_rows)
         )
     return test_tables, indomain_tables
 
@@ -153,11 +163,11 @@ def build_tables(collection: Collection, methods: Sequence[str]) -> list[Table]:
 # ---- formats -----------------------------------------------------------------
 
 
-def to_markdown(tables: Sequence[Table], collection: Collection, show_n: bool = False) -> str:
+def to_markdown(tables: Sequence[Table], collection: Collection, show_n: bool = False, error: str = "se") -> str:
     out = io.StringIO()
     for table in tables:
         out.write(f"### {table.title}\n\n")
-        body = [[alg] + [c.text(show_n) for c in cells] for alg, cells in table.rows.items()]
+        body = [[alg] + [c.text(show_n, error) for c in cells] for alg, cells in table.rows.items()]
         out.write(tabulate(body, headers=["Algorithm"] + table.columns, tablefmt="github", disable_numparse=True))
         out.write("\n\n")
     out.write(_footer(collection))
@@ -182,14 +192,16 @@ def latex_escape(text: str) -> str:
     return "".join(LATEX_ESCAPES.get(ch, ch) for ch in text)
 
 
-def _latex_cell(cell: Cell, show_n: bool) -> str:
+def _latex_cell(cell: Cell, show_n: bool, error: str = "se") -> str:
     if not cell.values:
         return r"\textit{" + latex_escape(cell.text()) + "}"
-    text = f"{100 * cell.mean:.1f}" + (rf" $\pm$ {100 * cell.se:.1f}" if cell.n > 1 else "")
+    text = f"{100 * cell.mean:.1f}" + (rf" $\pm$ {100 * cell.spread(error):.1f}" if cell.n > 1 else "")
     return text + (f" ({cell.n})" if show_n else "")
 
 
-def to_latex(tables: Sequence[Table], collection: Collection, show_n: bool = False, bare: bool = False) -> str:
+def to_latex(
+    tables: Sequence[Table], collection: Collection, show_n: bool = False, bare: bool = False, error: str = "se"
+) -> str:
     parts = []
     for table in tables:
         spec = "l" + "c" * len(table.columns)
@@ -204,7 +216,7 @@ def to_latex(tables: Sequence[Table], collection: Collection, show_n: bool = Fal
             r"\midrule",
         ]
         for alg, cells in table.rows.items():
-            lines.append(" & ".join([latex_escape(alg)] + [_latex_cell(c, show_n) for c in cells]) + r" \\")
+            lines.append(" & ".join([latex_escape(alg)] + [_latex_cell(c, show_n, error) for c in cells]) + r" \\")
         lines += [r"\bottomrule", r"\end{tabular}}", r"\end{table}", ""]
         parts.append("\n".join(lines))
     body = "\n".join(parts)
@@ -240,6 +252,7 @@ def to_csv(tables: Sequence[Table]) -> str:
                         "column": column,
                         "mean": cell.mean if cell.values else None,
                         "se": cell.se if cell.n > 1 else None,
+                        "std": cell.std if cell.n > 1 else None,
                         "n": cell.n,
                         "missing": cell.missing if not cell.values else "",
                     }

@@ -127,15 +127,41 @@ def leave_one_domain_out(records: pd.DataFrame) -> pd.DataFrame:
     return _per_dataset(records, one)
 
 
+def final_checkpoint(records: pd.DataFrame) -> pd.DataFrame:
+    """No model selection (the IRM paper's protocol): every run's last checkpoint.
+
+    val_acc is constant, so `select` keeps the smallest hparams_seed (hyperparameters
+    are fixed, not searched); indomain_acc is the mean `in` (training) accuracy over
+    the training environments, the paper's "train accuracy".
+    """
+
+    def one(sub: pd.DataFrame, n_envs: int) -> pd.DataFrame:
+        sub = _single_test_env_records(sub)
+        if sub.empty:
+            return sub
+        last = sub.sort_values("step", kind="stable").drop_duplicates("run", keep="last").copy()
+        rows = np.arange(len(last))
+        inn = _acc_matrix(last, "in", n_envs)
+        last["val_acc"] = 0.0
+        last["test_acc"] = inn[rows, last["test_env"].to_numpy()]
+        mask = _train_env_mask(last["test_envs"], n_envs)
+        last["indomain_acc"] = np.where(mask, inn, 0.0).sum(1) / mask.sum(1)
+        return last[RESULT_COLUMNS]
+
+    return _per_dataset(records, one)
+
+
 METHODS: dict[str, Callable[[pd.DataFrame], pd.DataFrame]] = {
     "training": training_domain_validation,
     "loo": leave_one_domain_out,
     "oracle": oracle_test_domain_validation,
+    "last": final_checkpoint,
 }
 METHOD_TITLES = {
     "training": "training-domain validation",
     "loo": "leave-one-domain-out cross-validation",
     "oracle": "test-domain validation (oracle)",
+    "last": "no selection: final checkpoint, fixed hyperparameters",
 }
 
 

@@ -52,6 +52,15 @@ class SweepSpec:
     precision: str = "fp32"
     hparams: dict[str, Any] = field(default_factory=dict)  # overrides for every job
     algorithm_hparams: dict[str, dict[str, Any]] = field(default_factory=dict)  # per algorithm
+    # [[parts]]: sub-sweeps, each the top-level keys overridden by its own; their jobs run in order
+    parts: list[dict[str, Any]] = field(default_factory=list)
+
+    def sub_specs(self) -> list["SweepSpec"]:
+        """The parts as complete specs (a spec without parts is its own single part)."""
+        if not self.parts:
+            return [self]
+        top = {k: v for k, v in self.canonical().items() if k != "parts" and v is not None}
+        return [parse_spec({**top, **part}, f"parts[{i}]") for i, part in enumerate(self.parts)]
 
     def canonical(self) -> dict[str, Any]:
         """The spec as plain JSON-able data, for sweep.json and comparison."""
@@ -71,6 +80,8 @@ def parse_spec(data: Mapping[str, Any], source: str = "spec") -> SweepSpec:
     unknown = sorted(set(data) - SPEC_KEYS)
     if unknown:
         raise SpecError(f"{source}: unknown key(s) {', '.join(unknown)}; valid keys: {', '.join(sorted(SPEC_KEYS))}")
+    if data.get("parts"):
+        return _parse_parts(data, source)
     for key in ("algorithms", "datasets"):
         if key not in data:
             raise SpecError(f"{source}: missing key '{key}'")
@@ -98,7 +109,7 @@ def parse_spec(data: Mapping[str, Any], source: str = "spec") -> SweepSpec:
     if "precision" in data and data["precision"] not in PRECISIONS:
         raise SpecError(f"{source}: 'precision' must be one of {', '.join(PRECISIONS)}, got {data['precision']!r}")
     if "holdout_fraction" in data:
-        _expect("holdout_fraction", data["holdout_fraction"], (int, float), "a number in (0, 1)")
+        _expect("holdout_fraction", data["holdout_fraction"], (int, float), "a number in [0, 1)")
     if data.get("test_envs") is not None:
         _expect("test_envs", data["test_envs"], list, "a list of lists of environment indices")
         for item in data["test_envs"]:
@@ -115,6 +126,19 @@ def parse_spec(data: Mapping[str, Any], source: str = "spec") -> SweepSpec:
     spec = SweepSpec(**{k: data[k] for k in data})
     _check_overrides(spec, source)
     return spec
+
+
+def _parse_parts(data: Mapping[str, Any], source: str) -> SweepSpec:
+    _expect("parts", data["parts"], list, "an array of tables ([[parts]])")
+    top = {k: v for k, v in data.items() if k != "parts"}
+    for i, part in enumerate(data["parts"]):
+        _expect(f"parts[{i}]", part, dict, "a table")
+        if "parts" in part:
+            raise SpecError(f"{source}: parts[{i}] has parts of its own; parts do not nest")
+        parse_spec({**top, **part}, f"{source}: parts[{i}]")
+    # the top level needs no algorithms or datasets of its own when every part has them
+    defaults = {"algorithms": [], "datasets": []}
+    return SweepSpec(**{**defaults, **data})
 
 
 def _check_overrides(spec: SweepSpec, source: str) -> None:
@@ -179,7 +203,11 @@ def environment_sets(spec: SweepSpec, dataset: str) -> list[list[int]]:
 
 
 def build_jobs(spec: SweepSpec) -> list[Job]:
-    """Every job of the spec, in a deterministic order."""
+    """Every job of the spec (of each of its parts, in order), in a deterministic order."""
+    if spec.parts:
+        jobs = [job for part in spec.sub_specs() for job in build_jobs(part)]
+        unique = list({job.job_id: job for job in jobs}.values())
+        return unique
     jobs = []
     for dataset in spec.datasets:
         cls = DATASETS.get(dataset)

@@ -149,9 +149,9 @@ def collect_command(ns: argparse.Namespace) -> int:
         methods = ["training", "oracle"] + (["loo"] if has_pairs else [])
     tables = build_tables(collection, methods)
     if ns.format == "markdown":
-        text = to_markdown(tables, collection, ns.show_trials)
+        text = to_markdown(tables, collection, ns.show_trials, ns.error)
     elif ns.format == "latex":
-        text = to_latex(tables, collection, ns.show_trials, ns.bare)
+        text = to_latex(tables, collection, ns.show_trials, ns.bare, ns.error)
     else:
         text = to_csv(tables)
     if ns.output:

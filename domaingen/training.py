@@ -77,8 +77,11 @@ def resolve(config: TrainConfig) -> ResolvedRun:
     dataset_cls.check_test_envs(test_envs)
     if config.precision not in PRECISIONS:
         raise DomaingenError(f"unknown precision '{config.precision}'; valid precisions: {', '.join(PRECISIONS)}")
-    if not 0.0 < config.holdout_fraction < 1.0:
-        raise DomaingenError(f"holdout_fraction must be between 0 and 1, got {config.holdout_fraction}")
+    if not 0.0 <= config.holdout_fraction < 1.0:
+        raise DomaingenError(
+            f"holdout_fraction must be at least 0 and below 1, got {config.holdout_fraction} "
+            "(0 trains on every example and leaves no validation split)"
+        )
     steps = dataset_cls.N_STEPS if config.steps is None else int(config.steps)
     freq = dataset_cls.CHECKPOINT_FREQ if config.checkpoint_freq is None else int(config.checkpoint_freq)
     if steps < 1 or freq < 1:
@@ -103,15 +106,28 @@ def resolve(config: TrainConfig) -> ResolvedRun:
 
 
 class MinibatchSampler:
-    """Draws `batch_size` examples with replacement from each training split, by index."""
+    """Draws `batch_size` examples with replacement from each training split, by index.
 
-    def __init__(self, splits: Sequence[Split], batch_size: int, seed: int, device: torch.device) -> None:
+    With `full_batch`, every step gets every example of every split, in a fixed order.
+    """
+
+    def __init__(
+        self, splits: Sequence[Split], batch_size: int, seed: int, device: torch.device, full_batch: bool = False
+    ) -> None:
         self.splits = list(splits)
         self.batch_size = int(batch_size)
         self.device = device
         self.generators = [torch.Generator().manual_seed(seed_hash(seed, "minibatch", i)) for i in range(len(splits))]
+        self.full_batches: list[tuple[torch.Tensor, torch.Tensor]] | None = None
+        if full_batch:
+            self.full_batches = [self._to_device(*s.batch(slice(None))) for s in self.splits]
+
+    def _to_device(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return to_device(x, self.device), y.to(self.device, non_blocking=True)
 
     def next(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        if self.full_batches is not None:
+            return list(self.full_batches)
         batches = []
         for split, generator in zip(self.splits, self.generators):
             positions = torch.randint(len(split), (self.batch_size,), generator=generator)
@@ -201,9 +217,10 @@ def _train_loop(
     train_splits = [s_in for i, (s_in, _) in enumerate(splits) if i not in args["test_envs"]]
     algorithm = run.algorithm_cls(dataset.input_shape, dataset.num_classes, len(train_splits), hparams)
     algorithm = place_model(algorithm, device, dataset.input_shape)
-    sampler = MinibatchSampler(train_splits, hparams["batch_size"], args["seed"], device)
+    full_batch = bool(hparams.get("full_batch", False))
+    sampler = MinibatchSampler(train_splits, hparams["batch_size"], args["seed"], device, full_batch)
     start_step = _resume(rundir, algorithm, sampler)
-    steps_per_epoch = min(len(s_in) / hparams["batch_size"] for s_in, _ in splits)
+    steps_per_epoch = 1.0 if full_batch else min(len(s_in) / hparams["batch_size"] for s_in, _ in splits)
     log.info("%s on %s, test envs %s, hparams %s", args["algorithm"], args["dataset"], args["test_envs"], hparams)
     pending: dict[str, list[float]] = {}
     for step in range(start_step, args["steps"]):

@@ -6,6 +6,7 @@ import copy
 from typing import Any, ClassVar, Mapping, Sequence
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from domaingen.hparams import HParam
@@ -93,7 +94,12 @@ class FeaturizerClassifier(Algorithm):
     def __init__(self, input_shape, num_classes, num_domains, hparams) -> None:
         super().__init__(input_shape, num_classes, num_domains, hparams)
         self.featurizer = build_featurizer(self.input_shape, self.hparams)
-        self.classifier = build_classifier(self.featurizer.n_outputs, num_classes)
+        self.classifier = build_classifier(
+            self.featurizer.n_outputs,
+            num_classes,
+            single_logit=bool(self.hparams.get("single_logit", False)),
+            init=getattr(self.featurizer, "head_init", "default"),
+        )
         self.prepare_modules()
         self.network = nn.Sequential(self.featurizer, self.classifier)
         self.optimizer = make_adam(self.network.parameters(), self.hparams)
@@ -107,11 +113,35 @@ class FeaturizerClassifier(Algorithm):
     def predict(self, x: torch.Tensor, domain: int | torch.Tensor | None = None) -> torch.Tensor:
         return self.network(x)
 
+    def l2_penalty(self, module: nn.Module | None = None) -> torch.Tensor | float:
+        """l2_weight * the squared norm of `module`'s weights and biases (default: the network).
+
+        The explicit L2 term of the IRM paper's protocol (`l2_weight` hparam, 0 elsewhere);
+        unlike Adam's weight decay it is part of the loss, so loss rescaling scales it too.
+        Mask logits are not weights and are left out.
+        """
+        weight = float(self.hparams.get("l2_weight", 0.0))
+        if not weight:
+            return 0.0
+        params = [p for name, p in (module or self.network).named_parameters() if "mask_logits" not in name]
+        return weight * sum(p.square().sum() for p in params)
+
     def step(self, loss: torch.Tensor) -> None:
-        """Backpropagate `loss` and take one optimizer step."""
+        """Add the L2 term to `loss`, backpropagate, and take one optimizer step."""
+        self.apply_gradients(loss + self.l2_penalty())
+
+    def apply_gradients(self, loss: torch.Tensor) -> None:
+        """Backpropagate `loss` as it is and take one optimizer step."""
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         self.optimizer.step()
+
+
+def classification_loss(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """Mean cross-entropy; a single logit column is a binary classifier (logistic loss)."""
+    if logits.shape[1] == 1:
+        return F.binary_cross_entropy_with_logits(logits[:, 0], y.to(logits.dtype))
+    return F.cross_entropy(logits, y)
 
 
 def concat(minibatches: Minibatches) -> tuple[torch.Tensor, torch.Tensor]:

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import torch.nn.functional as F
-
-from domaingen.algorithms.base import ALGORITHMS, FeaturizerClassifier, Minibatches, concat
+from domaingen.algorithms.base import ALGORITHMS, FeaturizerClassifier, Minibatches, classification_loss, concat
 
 
 @ALGORITHMS.register("ERM")
@@ -13,6 +11,6 @@ class ERM(FeaturizerClassifier):
 
     def update(self, minibatches: Minibatches) -> dict[str, float]:
         x, y = concat(minibatches)
-        loss = F.cross_entropy(self.predict(x), y)
+        loss = classification_loss(self.predict(x), y)
         self.step(loss)
         return {"loss": loss.item()}

@@ -5,9 +5,7 @@ from __future__ import annotations
 import copy
 
 import torch
-import torch.nn.functional as F
-
-from domaingen.algorithms.base import ALGORITHMS, FeaturizerClassifier, Minibatches, make_adam
+from domaingen.algorithms.base import ALGORITHMS, FeaturizerClassifier, Minibatches, classification_loss, make_adam
 from domaingen.hparams import HParam, choice
 
 
@@ -31,9 +29,9 @@ class Fish(FeaturizerClassifier):
         self.inner.load_state_dict(self.network.state_dict())
         losses = []
         for x, y in minibatches:
-            loss = F.cross_entropy(self.inner(x), y)
+            loss = classification_loss(self.inner(x), y)
             self.optimizer.zero_grad(set_to_none=True)
-            loss.backward()
+            (loss + self.l2_penalty(self.inner)).backward()
             self.optimizer.step()
             losses.append(loss.item())
         meta_lr = float(self.hparams["meta_lr"])

@@ -5,20 +5,34 @@ from __future__ import annotations
 import torch
 
 from domaingen.algorithms.base import FeaturizerClassifier, make_adam
+from domaingen.errors import DomaingenError
+from domaingen.hparams import HParam
+
+SCHEDULES = ("domainbed", "irm_paper")
 
 
 class AnnealedPenalty(FeaturizerClassifier):
     """Penalty weight 1 for the first `anneal_iters` updates, then `lambda`.
 
-    Adam is re-created at the switch, as in DomainBed, because the loss scale
-    jumps and the old moment estimates no longer fit it.
+    `penalty_schedule` says what happens at the switch:
+    - "domainbed": Adam is re-created, because the loss scale jumps and the old
+      moment estimates no longer fit it;
+    - "irm_paper" (the IRM paper's code): Adam carries on, and the whole loss
+      (L2 term included) is divided by the weight whenever it exceeds 1.
     """
 
+    HPARAMS = {
+        "penalty_schedule": HParam("domainbed", help="domainbed (Adam restart) or irm_paper (loss / weight)"),
+    }
     LAMBDA_KEY = ""
     ANNEAL_KEY = ""
 
     def __init__(self, input_shape, num_classes, num_domains, hparams) -> None:
         super().__init__(input_shape, num_classes, num_domains, hparams)
+        if self.hparams["penalty_schedule"] not in SCHEDULES:
+            raise DomaingenError(
+                f"penalty_schedule must be one of {', '.join(SCHEDULES)}, got {self.hparams['penalty_schedule']!r}"
+            )
         self.register_buffer("update_count", torch.tensor(0, dtype=torch.long))
 
     def penalty_weight(self) -> float:
@@ -27,7 +41,12 @@ class AnnealedPenalty(FeaturizerClassifier):
         return 1.0
 
     def step(self, loss: torch.Tensor) -> None:
-        if self.update_count.item() == self.hparams[self.ANNEAL_KEY]:
+        schedule = self.hparams["penalty_schedule"]
+        if schedule == "domainbed" and self.update_count.item() == self.hparams[self.ANNEAL_KEY]:
             self.optimizer = make_adam(self.network.parameters(), self.hparams)
-        super().step(loss)
+        total = loss + self.l2_penalty()
+        weight = self.penalty_weight()
+        if schedule == "irm_paper" and weight > 1.0:
+            total = total / weight
+        self.apply_gradients(total)
         self.update_count += 1

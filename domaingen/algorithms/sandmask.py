@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
-
-from domaingen.algorithms.base import ALGORITHMS, FeaturizerClassifier, Minibatches
+from domaingen.algorithms.base import ALGORITHMS, FeaturizerClassifier, Minibatches, classification_loss
 from domaingen.hparams import HParam, log_uniform, uniform
 
 
@@ -45,8 +43,8 @@ class SANDMask(FeaturizerClassifier):
         per_env: list[tuple[torch.Tensor, ...]] = []
         total = 0.0
         for x, y in minibatches:
-            loss = F.cross_entropy(self.predict(x), y)
-            per_env.append(torch.autograd.grad(loss, params))
+            loss = classification_loss(self.predict(x), y)
+            per_env.append(torch.autograd.grad(loss + self.l2_penalty(), params))
             total += loss.item()
         self.optimizer.zero_grad(set_to_none=True)
         k, tau = float(self.hparams["k"]), float(self.hparams["tau"])

@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
-
-from domaingen.algorithms.base import ALGORITHMS, Minibatches, concat, split_by_env
+from domaingen.algorithms.base import ALGORITHMS, Minibatches, classification_loss, concat, split_by_env
 from domaingen.algorithms.penalties import AnnealedPenalty
 from domaingen.hparams import HParam, int_log_uniform, log_uniform
 
@@ -24,7 +22,7 @@ class VREx(AnnealedPenalty):
     def update(self, minibatches: Minibatches) -> dict[str, float]:
         weight = self.penalty_weight()
         per_env = split_by_env(self.predict(concat(minibatches)[0]), minibatches)
-        risks_t = torch.stack([F.cross_entropy(logits, y) for logits, y in per_env])
+        risks_t = torch.stack([classification_loss(logits, y) for logits, y in per_env])
         mean = risks_t.mean()
         penalty = ((risks_t - mean) ** 2).mean()
         loss = mean + weight * penalty
