@@ -24,17 +24,45 @@ from domaingen.errors import DomaingenError
 DEFAULT_INIT_LOGIT = 2.0  # sigmoid(2) = 0.881: weights start kept with high probability
 
 
+def _logistic_noise(like: torch.Tensor) -> torch.Tensor:
+    """Logistic(0, 1) samples, log u - log(1 - u).
+
+    This is the distribution of log(log U1 / log U2), the difference of two Gumbel
+    samples in Csordás et al.'s formula, drawn from one uniform instead of two.
+    """
+    u = torch.rand_like(like).clamp_(1e-7, 1 - 1e-7)
+    return torch.log(u).sub_(torch.log1p(-u))
+
+
+class _HardGumbelSigmoid(torch.autograd.Function):
+    """1[l - noise > 0] forward; the gradient of sigmoid((l - noise) / tau) backward (straight-through).
+
+    Written as one function so that only the slope s(1 - s)/tau is kept for
+    backward: mask sampling runs over every weight each step and is memory-bound.
+    """
+
+    @staticmethod
+    def forward(ctx, logits: torch.Tensor, tau: float) -> torch.Tensor:  # type: ignore[override]
+        z = logits - _logistic_noise(logits)
+        hard = (z > 0).to(logits.dtype)
+        soft = torch.sigmoid_(z.div_(tau))
+        ctx.save_for_backward(soft.mul_(1 - soft).div_(tau))
+        return hard
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None]:  # type: ignore[override]
+        (slope,) = ctx.saved_tensors
+        return grad * slope, None
+
+
 def gumbel_sigmoid(logits: torch.Tensor, tau: float = 1.0, hard: bool = True) -> torch.Tensor:
-    """A relaxed Bernoulli(sigmoid(logits)) sample; `hard` gives 0/1 values with the soft gradient."""
-    u1 = torch.rand_like(logits).clamp_(1e-10, 1.0)
-    u2 = torch.rand_like(logits).clamp_(1e-10, 1.0)
-    # log(log u1 / log u2): the difference of two Gumbel samples, i.e. a Logistic(0, 1) sample
-    noise = torch.log(torch.log(u1) / torch.log(u2))
-    soft = torch.sigmoid((logits - noise) / tau)
-    if not hard:
-        return soft
-    hard_sample = (soft > 0.5).to(soft.dtype)
-    return hard_sample - soft.detach() + soft
+    """A relaxed Bernoulli(sigmoid(logits)) sample, s = sigmoid((l - log(log U1 / log U2)) / tau).
+
+    `hard` gives 0/1 values, 1[s > 0.5], with the gradient of s (straight-through).
+    """
+    if hard:
+        return _HardGumbelSigmoid.apply(logits, float(tau))
+    return torch.sigmoid((logits - _logistic_noise(logits)) / tau)
 
 
 def eval_mask(logits: torch.Tensor) -> torch.Tensor:

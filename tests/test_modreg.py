@@ -230,3 +230,17 @@ def test_composed_names_resolve_and_unknown_ones_list_the_rule():
     assert "IRM+ModReg" in ALGORITHMS
     with pytest.raises(DomaingenError, match=r"unknown algorithm 'Nope\+ModReg'.*X\+ModReg"):
         ALGORITHMS.get("Nope+ModReg")
+
+
+def test_straight_through_gradient_is_the_soft_samples_gradient():
+    """The hard sample's gradient equals that of s = sigmoid((l - noise) / tau) for the same noise."""
+    logits = torch.linspace(-3, 3, 50, dtype=torch.float64).requires_grad_()
+    torch.manual_seed(4)
+    hard = gumbel_sigmoid(logits, tau=0.7)
+    weights = torch.arange(50, dtype=torch.float64)
+    (hard * weights).sum().backward()
+    torch.manual_seed(4)
+    u = torch.rand_like(logits).clamp_(1e-7, 1 - 1e-7)
+    soft = torch.sigmoid((logits.detach() - (u.log() - (-u).log1p())) / 0.7)
+    assert torch.equal(hard.detach(), (soft > 0.5).double())
+    assert torch.allclose(logits.grad, weights * soft * (1 - soft) / 0.7)

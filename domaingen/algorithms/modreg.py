@@ -40,8 +40,8 @@ from domaingen.masks import (
 MODIFIER = "ModReg"
 
 
-def penalty_gradient(logits: torch.Tensor, alpha: float, beta: float) -> torch.Tensor:
-    """d(alpha * S1 + beta * S2)/d logits for one layer, in closed form (no autograd graph).
+def penalty_and_gradient(logits: torch.Tensor, alpha: float, beta: float) -> tuple[float, float, torch.Tensor]:
+    """(S1, S2, d(alpha * S1 + beta * S2)/d logits) of one layer, in closed form (no autograd graph).
 
     With pi = sigmoid(l) and a weight (o, p, ...) leaving input feature p:
     dS1/dl = 2 * (sum of pi leaving p) * pi (1 - pi);
@@ -49,15 +49,18 @@ def penalty_gradient(logits: torch.Tensor, alpha: float, beta: float) -> torch.T
     """
     with torch.no_grad():
         pi = torch.sigmoid(logits.to(torch.promote_types(logits.dtype, torch.float32)))
-        slope = pi * (1 - pi)
         shape = [1, -1] + [1] * (logits.dim() - 2)
-        grad = torch.zeros_like(pi)
-        if alpha:
-            grad += (2 * alpha) * outgoing_sums(pi).view(shape) * slope
-        if beta:
-            norms = outgoing_sums(pi.square()).sqrt().clamp_min(1e-12)
-            grad += beta * pi * slope / norms.view(shape)
-        return grad.to(logits.dtype)
+        sums = outgoing_sums(pi)
+        norms = outgoing_sums(pi.square()).sqrt()
+        # one fused coefficient per input feature, then a single pass over the weights
+        coefficient = (2 * alpha) * sums.view(shape) + beta * pi / norms.clamp_min(1e-12).view(shape)
+        grad = coefficient.mul_(pi).mul_(1 - pi)
+        return float(sums.square().sum()), float(norms.sum()), grad.to(logits.dtype)
+
+
+def penalty_gradient(logits: torch.Tensor, alpha: float, beta: float) -> torch.Tensor:
+    """d(alpha * S1 + beta * S2)/d logits for one layer (see `penalty_and_gradient`)."""
+    return penalty_and_gradient(logits, alpha, beta)[2]
 
 
 class ModRegMixin:
@@ -94,7 +97,7 @@ class ModRegMixin:
         return masked_layers(nn.ModuleDict({"featurizer": self.featurizer, "classifier": self.classifier}))
 
     def modreg_penalties(self) -> tuple[float, float]:
-        """(S1, S2) summed over the masked layers."""
+        """(S1, S2) summed over the masked layers of the model being trained."""
         with torch.no_grad():
             layers = [layer for _, layer in self.mask_layers()]
             s1 = sum(float(specialization_penalty(layer.mask_logits)) for layer in layers)
@@ -110,11 +113,15 @@ class ModRegMixin:
         }
 
         def add_penalty_gradient(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+            s1 = s2 = 0.0
             for group in optimizer.param_groups:
                 for param in group["params"]:
                     if id(param) in logits and param is logits[id(param)]:
-                        extra = penalty_gradient(param, alpha, beta)
-                        param.grad = extra if param.grad is None else param.grad + extra
+                        layer_s1, layer_s2, extra = penalty_and_gradient(param, alpha, beta)
+                        param.grad = extra if param.grad is None else param.grad.add_(extra)
+                        s1, s2 = s1 + layer_s1, s2 + layer_s2
+            if s1 or s2:
+                self._last_penalties = (s1, s2)  # the values the step used, for the log
 
         handle = register_optimizer_step_pre_hook(add_penalty_gradient)
         try:
@@ -123,9 +130,10 @@ class ModRegMixin:
             handle.remove()
 
     def update(self, minibatches: Minibatches) -> dict[str, float]:
+        self._last_penalties: tuple[float, float] | None = None
         with self._penalised_steps():
             losses = super().update(minibatches)  # type: ignore[misc]
-        s1, s2 = self.modreg_penalties()
+        s1, s2 = self._last_penalties or self.modreg_penalties()
         alpha, beta = float(self.hparams["modreg_alpha"]), float(self.hparams["modreg_beta"])
         return {**losses, "modreg_penalty": alpha * s1 + beta * s2, "modreg_s1": s1, "modreg_s2": s2}
 
