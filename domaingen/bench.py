@@ -1,6 +1,6 @@
 """`make bench`: the speed and memory figures the issues ask for (not timed assertions).
 
-Run with DOMAINGEN_DATA pointing at real MNIST: python -m domaingen.bench [--only training|bookkeeping]
+Run with DOMAINGEN_DATA pointing at real MNIST: python -m domaingen.bench [--only training|bookkeeping|overhead]
 """
 
 from __future__ import annotations
@@ -65,6 +65,48 @@ def bench_training(data_dir: str, algorithm: str, steps: int, skip_fp32_eval: bo
     return rows
 
 
+def _step_cost(name: str, precision: str, steps: int, queue) -> None:
+    """In a fresh process: mean step time and the peak-RSS growth of training steps (synthetic CMNIST batches)."""
+    device = resolve_device("auto")
+    shape = DATASETS.get("ColoredMNIST").INPUT_SHAPE
+    space = {**DATASETS.get("ColoredMNIST").hparam_space(), **ALGORITHMS.get(name).hparam_space()}
+    hparams = {**draw_hparams(space, name, "ColoredMNIST", 0), "featurizer": "MNIST_CNN"}
+    torch.manual_seed(0)
+    model = place_model(ALGORITHMS.get(name)(shape, 2, 2, hparams), device, shape)
+    batches = [(torch.rand(64, *shape, device=device), torch.randint(0, 2, (64,), device=device)) for _ in range(2)]
+    if getattr(model, "prefers_channels_last", True):
+        batches = [(x.contiguous(memory_format=torch.channels_last), y) for x, y in batches]
+    before = peak_memory_gb(device)
+
+    def step() -> None:
+        with autocast_context(device, precision):
+            model.update(batches)
+
+    timed(step, 3)
+    queue.put((timed(step, steps), peak_memory_gb(device) - before))
+
+
+def bench_overhead(algorithm: str, base: str, steps: int) -> list[list]:
+    """`algorithm`'s train step against `base`'s on MNIST_CNN (64 per env x 2 envs): time and memory."""
+    import multiprocessing
+
+    context = multiprocessing.get_context("spawn")
+    rows = []
+    for precision in ("fp32", "bf16"):
+        costs = {}
+        for name in (base, algorithm):
+            queue = context.Queue()
+            process = context.Process(target=_step_cost, args=(name, precision, steps, queue))
+            process.start()
+            costs[name] = queue.get()
+            process.join()
+        (t_base, m_base), (t_alg, m_alg) = costs[base], costs[algorithm]
+        rows.append([f"{base} step, {precision}, MNIST_CNN", f"{t_base * 1000:.0f} ms, +{m_base * 1024:.0f} MB peak"])
+        rows.append([f"{algorithm} step, {precision}, MNIST_CNN", f"{t_alg * 1000:.0f} ms, +{m_alg * 1024:.0f} MB peak"])
+        rows.append([f"{algorithm} / {base}, {precision}", f"time {t_alg / t_base:.2f}x, memory {m_alg / max(m_base, 1e-9):.2f}x"])
+    return rows
+
+
 def bench_bookkeeping(n_runs: int = 10_000, n_records: int = 10_000) -> list[list]:
     """Sweep bookkeeping on synthetic directories: job list, state scan, collect + tables."""
     import json
@@ -119,7 +161,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--algorithm", default="ERM")
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--skip_fp32_eval", action="store_true", help="the fp32 evaluation takes minutes on 2 cores")
-    parser.add_argument("--only", choices=["training", "bookkeeping"], default=None)
+    parser.add_argument("--only", choices=["training", "bookkeeping", "overhead"], default=None)
+    parser.add_argument("--overhead", nargs="+", default=["ERM+ModReg"],
+                        help="algorithms whose step is compared with --base (the overhead section)")
+    parser.add_argument("--base", default="ERM")
     ns = parser.parse_args(argv)
     data_dir = resolve_data_dir(ns.data_dir)
     print(f"device {resolve_device('auto')}, {torch.get_num_threads()} torch threads, torch {torch.__version__}")
@@ -128,6 +173,9 @@ def main(argv: list[str] | None = None) -> int:
         rows += bench_bookkeeping()
     if ns.only in (None, "training"):
         rows += bench_training(data_dir, ns.algorithm, ns.steps, ns.skip_fp32_eval)
+    if ns.only in (None, "overhead"):
+        for algorithm in ns.overhead:
+            rows += bench_overhead(algorithm, ns.base, ns.steps)
     print(tabulate(rows, headers=["measure", "value"]))
     return 0
 
