@@ -1,4 +1,4 @@
-"""The `domaingen` command: train, list (sweep and collect build on these)."""
+"""The `domaingen` command: train, list, sweep, collect, download."""
 
 from __future__ import annotations
 
@@ -40,7 +40,16 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("list", help="the algorithm and dataset tables")
     _add_sweep_parser(sub)
     _add_collect_parser(sub)
+    _add_download_parser(sub)
     return parser
+
+
+def _add_download_parser(sub: argparse._SubParsersAction) -> None:
+    from domaingen.download import DATASETS as DOWNLOADABLE
+
+    p = sub.add_parser("download", help="fetch a dataset from its official source into --data_dir")
+    p.add_argument("--dataset", required=True, choices=DOWNLOADABLE)
+    p.add_argument("--data_dir", default=None, help="default: $DOMAINGEN_DATA, else ./data")
 
 
 def _add_sweep_parser(sub: argparse._SubParsersAction) -> None:
@@ -164,7 +173,15 @@ def cmd_collect(ns: argparse.Namespace) -> int:
     return sweep_cli.collect_command(ns)
 
 
-COMMANDS = {"train": cmd_train, "list": cmd_list, "sweep": cmd_sweep, "collect": cmd_collect}
+def cmd_download(ns: argparse.Namespace) -> int:
+    from domaingen.datasets import resolve_data_dir
+    from domaingen.download import download
+
+    print(download(ns.dataset, resolve_data_dir(ns.data_dir)))
+    return 0
+
+
+COMMANDS = {"train": cmd_train, "list": cmd_list, "sweep": cmd_sweep, "collect": cmd_collect, "download": cmd_download}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

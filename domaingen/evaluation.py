@@ -1,13 +1,14 @@
-"""Accuracy of an algorithm on every environment's in and out split."""
+"""Accuracy of an algorithm on every environment's in and out split (plus a dataset's own metrics)."""
 
 from __future__ import annotations
 
 import contextlib
-from typing import Sequence
+from typing import Iterable, Sequence
 
 import torch
 
 from domaingen.algorithms.base import Algorithm
+from domaingen.datasets.base import MultiDomainDataset
 from domaingen.datasets.splits import Split
 from domaingen.networks import to_device
 
@@ -28,6 +29,29 @@ def predicted_labels(logits: torch.Tensor) -> torch.Tensor:
     return logits.argmax(dim=1)
 
 
+def split_predictions(
+    algorithm: Algorithm,
+    batches: Iterable[tuple[torch.Tensor, torch.Tensor]],
+    device: torch.device,
+    precision: str = "fp32",
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(predicted labels, true labels) over `batches`, on the CPU."""
+    predicted, labels = [], []
+    for x, y in batches:
+        with autocast_context(device, precision):
+            logits = algorithm.predict(to_device(x, device))
+        predicted.append(predicted_labels(logits.float()).cpu())
+        labels.append(y.cpu())
+    if not predicted:
+        return torch.zeros(0, dtype=torch.long), torch.zeros(0, dtype=torch.long)
+    return torch.cat(predicted), torch.cat(labels)
+
+
+def _slices(split: Split, batch_size: int) -> Iterable[tuple[torch.Tensor, torch.Tensor]]:
+    for start in range(0, len(split), batch_size):
+        yield split.batch(slice(start, start + batch_size))
+
+
 def split_accuracy(
     algorithm: Algorithm,
     split: Split,
@@ -38,13 +62,8 @@ def split_accuracy(
     """Fraction of the split's examples predicted correctly (NaN for an empty split)."""
     if len(split) == 0:
         return float("nan")
-    correct = 0
-    for start in range(0, len(split), batch_size):
-        x, y = split.batch(slice(start, start + batch_size))
-        with autocast_context(device, precision):
-            logits = algorithm.predict(to_device(x, device))
-        correct += int((predicted_labels(logits.float()).cpu() == y).sum())
-    return correct / len(split)
+    predicted, labels = split_predictions(algorithm, _slices(split, batch_size), device, precision)
+    return int((predicted == labels).sum()) / len(split)
 
 
 def evaluate(
@@ -53,16 +72,28 @@ def evaluate(
     device: torch.device,
     precision: str = "fp32",
     batch_size: int = EVAL_BATCH_SIZE,
+    dataset: MultiDomainDataset | None = None,
 ) -> dict[str, float]:
-    """{'env{i}_in_acc', 'env{i}_out_acc'} for every environment, in eval mode without autograd."""
+    """{'env{i}_in_acc', 'env{i}_out_acc'} for every environment, in eval mode without autograd.
+
+    With `dataset`, its `eval_batches` feeds the examples (image datasets use their
+    DataLoader workers) and its `environment_metrics` adds its own fields.
+    """
     was_training = algorithm.training
     algorithm.eval()
     results: dict[str, float] = {}
     try:
         with torch.inference_mode():
             for i, (split_in, split_out) in enumerate(splits):
-                results[f"env{i}_in_acc"] = split_accuracy(algorithm, split_in, device, precision, batch_size)
-                results[f"env{i}_out_acc"] = split_accuracy(algorithm, split_out, device, precision, batch_size)
+                predicted = []
+                for name, split in (("in", split_in), ("out", split_out)):
+                    batches = dataset.eval_batches(split, batch_size) if dataset is not None else _slices(split, batch_size)
+                    pred, labels = split_predictions(algorithm, batches, device, precision)
+                    results[f"env{i}_{name}_acc"] = int((pred == labels).sum()) / len(split) if len(split) else float("nan")
+                    predicted.append(pred)
+                if dataset is not None:
+                    index = torch.cat([split_in.index, split_out.index])
+                    results.update(dataset.environment_metrics(i, index, torch.cat(predicted)))
     finally:
         algorithm.train(was_training)
     return results

@@ -1,14 +1,19 @@
-"""Featurizers (MLP, MNIST_CNN) and classifier heads, and device selection."""
+"""Featurizers (MLP, MNIST_CNN, ResNet) and classifier heads, and device selection."""
 
 from __future__ import annotations
 
+import logging
 import math
+import os
+from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 import torch
 from torch import nn
 
 from domaingen.errors import DomaingenError
+
+log = logging.getLogger(__name__)
 
 
 def resolve_device(name: str = "auto") -> torch.device:
@@ -104,17 +109,140 @@ def _xavier(layer: nn.Linear) -> None:
     nn.init.zeros_(layer.bias)
 
 
-FEATURIZERS = ("MNIST_CNN", "MLP", "IRM_MLP")
+RESNETS = ("resnet18", "resnet50")
+WEIGHTS_ENV = "DOMAINGEN_WEIGHTS"
+
+
+def as_bool(value: Any, name: str) -> bool:
+    """A bool-ish hyperparameter: true/false, 1/0, yes/no (any case)."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, (int, float)) and value in (0, 1):
+        return bool(value)
+    text = str(value).strip().lower()
+    if text in ("true", "1", "yes", "on"):
+        return True
+    if text in ("false", "0", "no", "off"):
+        return False
+    raise DomaingenError(f"hyperparameter '{name}' must be true or false, got {value!r}")
+
+
+def imagenet_weights_file(backbone: str) -> Path:
+    """Where torchvision keeps the ImageNet (IMAGENET1K_V1) weights of `backbone`: the torch hub cache."""
+    import torchvision
+
+    url = torchvision.models.get_model_weights(backbone).IMAGENET1K_V1.url
+    return Path(torch.hub.get_dir()) / "checkpoints" / url.rsplit("/", 1)[-1]
+
+
+def load_imagenet_weights(backbone: str) -> dict[str, torch.Tensor]:
+    """ImageNet weights of `backbone`: from $DOMAINGEN_WEIGHTS (a file, or a folder holding
+    torchvision's file), else the torch hub cache, else downloaded into that cache.
+
+    Raises DomaingenError saying where to put the file, or how to train without it.
+    """
+    import torchvision
+
+    weights = torchvision.models.get_model_weights(backbone).IMAGENET1K_V1
+    name = weights.url.rsplit("/", 1)[-1]
+    given = os.environ.get(WEIGHTS_ENV)
+    if given:
+        path = Path(given).expanduser()
+        path = path / name if path.is_dir() else path
+        if not path.is_file():
+            raise DomaingenError(f"${WEIGHTS_ENV} is {given}, but {path} is not a file; put {name} ({weights.url}) there")
+        return torch.load(path, map_location="cpu", weights_only=True)
+    cached = imagenet_weights_file(backbone)
+    if cached.is_file():
+        return torch.load(cached, map_location="cpu", weights_only=True)
+    log.info("ImageNet weights of %s not in %s; downloading %s", backbone, cached.parent, weights.url)
+    try:
+        return weights.get_state_dict(progress=False)
+    except Exception as exc:  # offline, proxy, disk: the user's fix is the same
+        reason = " ".join(f"{type(exc).__name__}: {exc}".split())[:200]
+        raise DomaingenError(
+            f"ImageNet weights of {backbone} not found and could not be downloaded ({reason}); "
+            f"put {name} ({weights.url}) in {cached.parent} or point ${WEIGHTS_ENV} at it, "
+            """or train from random initialisation with --hparams '{"pretrained": false}'"""
+        ) from None
+
+
+class ResNet(nn.Module):
+    """A torchvision ResNet without its last layer, then dropout (DomainBed's featurizer).
+
+    `resnet` is the torchvision model with `fc` replaced by Identity, so its blocks keep
+    their names (`resnet.layer3`, `resnet.layer4`). With `freeze_bn` the BatchNorm
+    layers stay in eval mode (running statistics frozen; their affine weights still
+    train), as in the 2021 protocol.
+    """
+
+    def __init__(
+        self,
+        input_shape: Sequence[int],
+        backbone: str = "resnet50",
+        pretrained: bool = True,
+        freeze_bn: bool = True,
+        dropout: float = 0.0,
+    ) -> None:
+        super().__init__()
+        import torchvision
+
+        if backbone not in RESNETS:
+            raise DomaingenError(f"unknown backbone '{backbone}'; valid backbones: {', '.join(RESNETS)}")
+        self.resnet = getattr(torchvision.models, backbone)(weights=None)
+        if pretrained:
+            self.resnet.load_state_dict(load_imagenet_weights(backbone))
+        else:
+            log.warning(
+                "%s starts from random initialisation (pretrained=false); accuracies are not "
+                "comparable with the published ImageNet-pretrained numbers",
+                backbone,
+            )
+        if input_shape[0] != 3:
+            self._adapt_input_channels(int(input_shape[0]))
+        self.n_outputs = self.resnet.fc.in_features
+        self.resnet.fc = nn.Identity()
+        self.dropout = nn.Dropout(dropout)
+        self.freeze_bn = freeze_bn
+        self.train()
+
+    def _adapt_input_channels(self, channels: int) -> None:
+        # cycle the RGB filters over the new channels so pretrained filters stay useful
+        old = self.resnet.conv1
+        new = nn.Conv2d(channels, old.out_channels, old.kernel_size, old.stride, old.padding, bias=False)
+        with torch.no_grad():
+            for c in range(channels):
+                new.weight[:, c] = old.weight[:, c % 3]
+        self.resnet.conv1 = new
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.dropout(self.resnet(x))
+
+    def train(self, mode: bool = True) -> "ResNet":
+        super().train(mode)
+        if self.freeze_bn:
+            for module in self.resnet.modules():
+                if isinstance(module, nn.BatchNorm2d):
+                    module.eval()
+        return self
+
+
+FEATURIZERS = ("MNIST_CNN", "MLP", "IRM_MLP", "ResNet")
 
 
 def build_featurizer(input_shape: Sequence[int], hparams: Mapping[str, Any]) -> nn.Module:
-    """The featurizer named by hparams['featurizer'], or chosen from the input shape for 'auto'.
+    """The featurizer named by hparams['featurizer'], or chosen for 'auto'.
 
-    The result has an `n_outputs` attribute, the width of its features.
+    'auto' picks a ResNet when hparams['backbone'] names one (resnet18, resnet50),
+    else an MLP for flat inputs and MNIST_CNN for images. The result has an
+    `n_outputs` attribute, the width of its features.
     """
     name = hparams.get("featurizer", "auto")
     if name == "auto":
-        name = "MLP" if len(input_shape) == 1 else "MNIST_CNN"
+        if hparams.get("backbone") is not None:
+            name = "ResNet"
+        else:
+            name = "MLP" if len(input_shape) == 1 else "MNIST_CNN"
     if name == "MLP":
         width = int(hparams.get("mlp_width", 256))
         return MLP(
@@ -122,10 +250,18 @@ def build_featurizer(input_shape: Sequence[int], hparams: Mapping[str, Any]) -> 
         )
     if name == "IRM_MLP":
         return IRMPaperMLP(math.prod(input_shape), int(hparams.get("mlp_width", 256)))
+    if name in ("MNIST_CNN", "ResNet") and len(input_shape) != 3:
+        raise DomaingenError(f"{name} needs image inputs (C, H, W), got shape {tuple(input_shape)}")
     if name == "MNIST_CNN":
-        if len(input_shape) != 3:
-            raise DomaingenError(f"MNIST_CNN needs image inputs (C, H, W), got shape {tuple(input_shape)}")
         return MNIST_CNN(input_shape)
+    if name == "ResNet":
+        return ResNet(
+            input_shape,
+            backbone=str(hparams.get("backbone") or "resnet50"),
+            pretrained=as_bool(hparams.get("pretrained", True), "pretrained"),
+            freeze_bn=as_bool(hparams.get("freeze_bn", True), "freeze_bn"),
+            dropout=float(hparams.get("resnet_dropout", 0.0)),
+        )
     raise DomaingenError(f"unknown featurizer '{name}'; valid featurizers: auto, {', '.join(FEATURIZERS)}")
 
 

@@ -14,11 +14,11 @@ import torch
 
 from domaingen.algorithms import ALGORITHMS, Algorithm
 from domaingen.datasets import DATASETS, MultiDomainDataset, resolve_data_dir, split_environments
-from domaingen.datasets.splits import Split
+from domaingen.datasets.sampling import MinibatchSampler  # noqa: F401  (re-exported: bench and older code import it here)
 from domaingen.errors import DomaingenError
 from domaingen.evaluation import autocast_context, evaluate
 from domaingen.hparams import apply_overrides, draw_hparams, parse_overrides, seed_hash
-from domaingen.networks import place_model, resolve_device, to_device
+from domaingen.networks import place_model, resolve_device
 from domaingen.rundir import DONE_STATE, FAILED_STATE, LOG, RunDirectory
 
 log = logging.getLogger(__name__)
@@ -105,44 +105,6 @@ def resolve(config: TrainConfig) -> ResolvedRun:
     return ResolvedRun(args, hparams, dataset_cls, algorithm_cls)
 
 
-class MinibatchSampler:
-    """Draws `batch_size` examples with replacement from each training split, by index.
-
-    With `full_batch`, every step gets every example of every split, in a fixed order.
-    """
-
-    def __init__(
-        self, splits: Sequence[Split], batch_size: int, seed: int, device: torch.device, full_batch: bool = False
-    ) -> None:
-        self.splits = list(splits)
-        self.batch_size = int(batch_size)
-        self.device = device
-        self.generators = [torch.Generator().manual_seed(seed_hash(seed, "minibatch", i)) for i in range(len(splits))]
-        self.full_batches: list[tuple[torch.Tensor, torch.Tensor]] | None = None
-        if full_batch:
-            self.full_batches = [self._to_device(*s.batch(slice(None))) for s in self.splits]
-
-    def _to_device(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return to_device(x, self.device), y.to(self.device, non_blocking=True)
-
-    def next(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        if self.full_batches is not None:
-            return list(self.full_batches)
-        batches = []
-        for split, generator in zip(self.splits, self.generators):
-            positions = torch.randint(len(split), (self.batch_size,), generator=generator)
-            x, y = split.batch(positions)
-            batches.append((to_device(x, self.device), y.to(self.device, non_blocking=True)))
-        return batches
-
-    def state(self) -> list[torch.Tensor]:
-        return [g.get_state() for g in self.generators]
-
-    def load_state(self, states: Sequence[torch.Tensor]) -> None:
-        for generator, state in zip(self.generators, states):
-            generator.set_state(state)
-
-
 def peak_memory_gb(device: torch.device) -> float:
     """Peak GPU memory allocated on CUDA; peak resident memory of the process on CPU."""
     if device.type == "cuda":
@@ -218,7 +180,7 @@ def _train_loop(
     algorithm = run.algorithm_cls(dataset.input_shape, dataset.num_classes, len(train_splits), hparams)
     algorithm = place_model(algorithm, device, dataset.input_shape)
     full_batch = bool(hparams.get("full_batch", False))
-    sampler = MinibatchSampler(train_splits, hparams["batch_size"], args["seed"], device, full_batch)
+    sampler = dataset.minibatch_sampler(train_splits, hparams["batch_size"], args["seed"], device)
     start_step = _resume(rundir, algorithm, sampler)
     steps_per_epoch = 1.0 if full_batch else min(len(s_in) / hparams["batch_size"] for s_in, _ in splits)
     log.info("%s on %s, test envs %s, hparams %s", args["algorithm"], args["dataset"], args["test_envs"], hparams)
@@ -237,7 +199,7 @@ def _train_loop(
                 "step": step,
                 "epoch": step / steps_per_epoch,
                 **{k: sum(v) / len(v) for k, v in pending.items()},
-                **evaluate(algorithm, splits, device, args["precision"]),
+                **evaluate(algorithm, splits, device, args["precision"], dataset=dataset),
                 **algorithm.diagnostics(),
                 "mem_gb": peak_memory_gb(device),
                 "data_source": dataset.data_source,
@@ -260,7 +222,7 @@ def _summary_line(record: Mapping[str, Any], test_envs: Sequence[int]) -> str:
     return f"step {record['step']}: loss {record['loss']:.4f} in-acc {accs} ({record['step_time']*1000:.0f} ms/step)"
 
 
-def _save(rundir: RunDirectory, next_step: int, algorithm: Algorithm, sampler: MinibatchSampler) -> None:
+def _save(rundir: RunDirectory, next_step: int, algorithm: Algorithm, sampler: Any) -> None:
     rundir.save_checkpoint(
         {
             "next_step": next_step,
@@ -272,7 +234,7 @@ def _save(rundir: RunDirectory, next_step: int, algorithm: Algorithm, sampler: M
     )
 
 
-def _resume(rundir: RunDirectory, algorithm: Algorithm, sampler: MinibatchSampler) -> int:
+def _resume(rundir: RunDirectory, algorithm: Algorithm, sampler: Any) -> int:
     """Load the last checkpoint if there is one; returns the step to start from."""
     state = rundir.load_checkpoint()
     if state is None:

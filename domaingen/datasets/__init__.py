@@ -2,6 +2,8 @@
 
 from domaingen.datasets.base import DATASETS, EMBEDDED, Environment, MultiDomainDataset, resolve_data_dir
 from domaingen.datasets import mnist  # noqa: F401  (registers ColoredMNIST, RotatedMNIST)
+from domaingen.datasets import images  # noqa: F401  (registers PACS, DomainNet)
+from domaingen.datasets import wilds  # noqa: F401  (registers Camelyon17, FMoW and their official-split forms)
 from domaingen.datasets.splits import Split, split_environments
 
 __all__ = [

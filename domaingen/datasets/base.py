@@ -5,13 +5,16 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, ClassVar, Iterator, Mapping, Sequence
 
 import torch
 
 from domaingen.errors import DomaingenError
 from domaingen.hparams import HParam
 from domaingen.registry import Registry
+
+if TYPE_CHECKING:
+    from domaingen.datasets.splits import Split
 
 DATASETS: Registry[type["MultiDomainDataset"]] = Registry("dataset")
 
@@ -86,6 +89,27 @@ class MultiDomainDataset:
 
     def __getitem__(self, index: int) -> Environment:
         return self.environments[index]
+
+    def minibatch_sampler(self, splits: Sequence["Split"], batch_size: int, seed: int, device: torch.device) -> Any:
+        """The training batches: an object with next() -> [(x, y) per split], state() and load_state().
+
+        In-memory datasets draw by index (MinibatchSampler; every example each step with
+        the `full_batch` hparam); image datasets override this with DataLoader workers.
+        """
+        from domaingen.datasets.sampling import MinibatchSampler
+
+        full_batch = bool(self.hparams.get("full_batch", False))
+        return MinibatchSampler(splits, batch_size, seed, device, full_batch)
+
+    def eval_batches(self, split: "Split", batch_size: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """(x, y) batches of every example of `split`, in order, for evaluation."""
+        for start in range(0, len(split), batch_size):
+            yield split.batch(slice(start, start + batch_size))
+
+    def environment_metrics(self, env_index: int, index: torch.Tensor, predicted: torch.Tensor) -> dict[str, float]:
+        """Extra record fields from the predicted labels of environment `env_index`'s examples
+        at `index` (in and out splits together); none by default (WILDS' official metrics use it)."""
+        return {}
 
     @classmethod
     def hparam_space(cls) -> dict[str, HParam]:

@@ -1,0 +1,319 @@
+"""Datasets of image files: environments as file lists, DomainBed's transforms, DataLoader workers.
+
+Shared by the folder datasets (PACS, DomainNet) and WILDS. One training DataLoader
+serves every training environment (each batch holds `batch_size` examples per
+environment) and one evaluation DataLoader serves every split; both keep their
+worker processes for the whole run.
+
+Reproducibility: the sampler draws, in the main process, each example's position
+and a seed for its augmentation, and the example is transformed under that seed.
+So the batches depend on the run's seed only, not on the number of workers, and a
+resumed run (the checkpoint stores how many batches were consumed) draws exactly
+the batches an uninterrupted one would.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass, field
+from typing import Any, Callable, ClassVar, Iterator, Mapping, Sequence
+
+import torch
+from PIL import Image
+from torch.utils.data import DataLoader, Dataset, Sampler
+
+from domaingen.datasets.base import MultiDomainDataset
+from domaingen.datasets.splits import Split
+from domaingen.errors import DomaingenError
+from domaingen.hparams import HParam, choice, int_pow2_uniform, log_uniform, seed_hash
+from domaingen.networks import to_device
+
+log = logging.getLogger(__name__)
+
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+MAX_AUTO_WORKERS = 8
+
+RESNET_HPARAMS: dict[str, HParam] = {
+    "lr": HParam(5e-5, log_uniform(-5, -3.5), "Adam learning rate"),
+    "batch_size": HParam(32, int_pow2_uniform(3, 5.5), "examples per training environment per step"),
+    "weight_decay": HParam(0.0, log_uniform(-6, -2), "Adam weight decay"),
+    "resnet_dropout": HParam(0.0, choice([0.0, 0.1, 0.5]), "dropout on the ResNet features"),
+    "featurizer": HParam("auto", help="auto (a ResNet, see backbone), ResNet, MNIST_CNN or MLP"),
+    "backbone": HParam("resnet50", help="resnet18 or resnet50 (torchvision)"),
+    "pretrained": HParam(True, help="start from ImageNet weights (hub cache or $DOMAINGEN_WEIGHTS); false = random init"),
+    "freeze_bn": HParam(True, help="BatchNorm statistics frozen, as in the 2021 protocol; false = they update"),
+    "image_size": HParam(224, help="side of the square network input, in pixels"),
+    "num_workers": HParam("auto", help="DataLoader worker processes; auto = min(8, CPUs available)"),
+}
+
+
+def train_transform(size: int) -> Callable[[Image.Image], torch.Tensor]:
+    """DomainBed's training augmentation at `size` pixels, ImageNet-normalised."""
+    from torchvision import transforms as T
+
+    return T.Compose([
+        T.RandomResizedCrop(size, scale=(0.7, 1.0)),
+        T.RandomHorizontalFlip(),
+        T.ColorJitter(0.3, 0.3, 0.3, 0.3),
+        T.RandomGrayscale(p=0.1),
+        T.ToTensor(),
+        T.Normalize(IMAGENET_MEAN, IMAGENET_STD),
+    ])
+
+
+def eval_transform(size: int) -> Callable[[Image.Image], torch.Tensor]:
+    """DomainBed's evaluation transform: resize to size x size, ImageNet-normalised."""
+    from torchvision import transforms as T
+
+    return T.Compose([T.Resize((size, size)), T.ToTensor(), T.Normalize(IMAGENET_MEAN, IMAGENET_STD)])
+
+
+def load_rgb(path: str) -> Image.Image:
+    """The image at `path`, decoded, as RGB."""
+    with Image.open(path) as image:
+        return image.convert("RGB")
+
+
+def available_cpus() -> int:
+    """CPUs this process may run on (its affinity mask, which cgroups and taskset narrow)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+def resolve_workers(value: Any) -> int:
+    """The num_workers hparam as a count: 'auto' = min(8, CPUs available); never more than the CPUs."""
+    cpus = available_cpus()
+    if value is None or value == "auto":
+        return min(MAX_AUTO_WORKERS, cpus)
+    try:
+        count = int(value)
+    except (TypeError, ValueError):
+        raise DomaingenError(f"hyperparameter 'num_workers' must be 'auto' or a count, got {value!r}") from None
+    if count < 0:
+        raise DomaingenError(f"hyperparameter 'num_workers' must be 'auto' or >= 0, got {count}")
+    if count > cpus:
+        log.warning("num_workers %d is more than the %d CPUs available; using %d", count, cpus, cpus)
+        return cpus
+    return count
+
+
+@dataclass
+class FileEnvironment:
+    """One domain as image files and integer labels; images are read when a batch needs them."""
+
+    name: str
+    paths: list[str]
+    y: torch.Tensor
+    transform: Callable[[Image.Image], torch.Tensor] | None = None  # evaluation transform, for batch()
+    metadata: Any = field(default=None, repr=False)
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    def batch(self, index: torch.Tensor | slice) -> tuple[torch.Tensor, torch.Tensor]:
+        """(evaluation-transformed images, labels) at `index`, read in this process."""
+        positions = range(len(self))[index] if isinstance(index, slice) else index.tolist()
+        transform = self.transform or eval_transform(224)
+        x = torch.stack([transform(load_rgb(self.paths[p])) for p in positions])
+        return x, self.y[index]
+
+
+class FileExamples(Dataset):
+    """Every environment's examples, keyed by (env, position, augmentation seed or None).
+
+    A key with a seed gets the training transform under that seed; None gets the
+    evaluation transform. An unreadable file is replaced by the next example of its
+    environment, with a warning (files are checked when the dataset is built, so this
+    only happens to files damaged after their header).
+    """
+
+    def __init__(self, environments: Sequence[FileEnvironment], train_tf: Callable, eval_tf: Callable) -> None:
+        self.environments = list(environments)
+        self.train_tf = train_tf
+        self.eval_tf = eval_tf
+
+    def __len__(self) -> int:
+        return sum(len(env) for env in self.environments)
+
+    def __getitem__(self, key: tuple[int, int, int | None]) -> tuple[torch.Tensor, int]:
+        env_index, position, aug_seed = key
+        env = self.environments[env_index]
+        for attempt in range(len(env)):
+            p = (position + attempt) % len(env)
+            try:
+                image = load_rgb(env.paths[p])
+            except OSError as exc:
+                log.warning("skipping unreadable image %s (%s); using the next one", env.paths[p], exc)
+                continue
+            return self._transform(image, aug_seed), int(env.y[p])
+        raise DomaingenError(f"no readable image in environment {env.name}")
+
+    def _transform(self, image: Image.Image, aug_seed: int | None) -> torch.Tensor:
+        if aug_seed is None:
+            return self.eval_tf(image)
+        # torchvision's random transforms use torch's global generator; seed it per example
+        # without disturbing the caller's stream (workers=0 runs this in the main process)
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(aug_seed)
+            return self.train_tf(image)
+
+
+class InfiniteTrainingBatches(Sampler):
+    """Endless batches of keys: `batch_size` examples of each training split, drawn with replacement.
+
+    `splits` is (environment index, the split's positions in that environment) per
+    training split. Batch k depends only on (seed, k); `start` skips the first batches.
+    """
+
+    def __init__(self, splits: Sequence[tuple[int, list[int]]], batch_size: int, seed: int, start: int = 0) -> None:
+        self.splits = list(splits)
+        self.batch_size = int(batch_size)
+        self.seed = seed
+        self.start = int(start)
+
+    def __iter__(self) -> Iterator[list[tuple[int, int, int]]]:
+        generators = [torch.Generator().manual_seed(seed_hash(self.seed, "minibatch", i)) for i in range(len(self.splits))]
+        k = 0
+        while True:
+            keys = []
+            for (env_index, positions), generator in zip(self.splits, generators):
+                drawn = torch.randint(len(positions), (self.batch_size,), generator=generator).tolist()
+                seeds = torch.randint(2**62, (self.batch_size,), generator=generator).tolist()
+                keys += [(env_index, positions[d], s) for d, s in zip(drawn, seeds)]
+            if k >= self.start:
+                yield keys
+            k += 1
+
+
+class LoaderMinibatches:
+    """Training batches from one DataLoader with persistent workers over all training environments.
+
+    state() is the number of batches consumed; load_state() restarts the workers there.
+    """
+
+    def __init__(
+        self,
+        examples: FileExamples,
+        splits: Sequence[tuple[int, list[int]]],
+        batch_size: int,
+        seed: int,
+        device: torch.device,
+        num_workers: int,
+    ) -> None:
+        self.examples = examples
+        self.splits = list(splits)
+        self.batch_size = int(batch_size)
+        self.seed = seed
+        self.device = device
+        self.num_workers = num_workers
+        self.consumed = 0
+        self._iterator: Iterator | None = None
+
+    def _start(self) -> Iterator:
+        loader = DataLoader(
+            self.examples,
+            batch_sampler=InfiniteTrainingBatches(self.splits, self.batch_size, self.seed, self.consumed),
+            num_workers=self.num_workers,
+            persistent_workers=self.num_workers > 0,
+            pin_memory=torch.cuda.is_available(),
+        )
+        return iter(loader)
+
+    def next(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """One (x, y) batch per training environment, on the device."""
+        if self._iterator is None:
+            self._iterator = self._start()
+        x, y = next(self._iterator)
+        self.consumed += 1
+        n = self.batch_size
+        return [
+            (to_device(x[j * n:(j + 1) * n], self.device), y[j * n:(j + 1) * n].to(self.device, non_blocking=True))
+            for j in range(len(self.splits))
+        ]
+
+    def state(self) -> dict[str, int]:
+        """What a checkpoint stores: the number of batches consumed."""
+        return {"consumed": self.consumed}
+
+    def load_state(self, state: Mapping[str, int]) -> None:
+        """Continue after `state['consumed']` batches (the workers restart there)."""
+        self.consumed = int(state["consumed"])
+        self._iterator = None
+
+
+class EvaluationKeys(Sampler):
+    """The batches of one split, set before each pass (the loader and its workers stay)."""
+
+    def __init__(self) -> None:
+        self.keys: list[tuple[int, int, None]] = []
+        self.batch_size = 1
+
+    def __iter__(self) -> Iterator[list[tuple[int, int, None]]]:
+        for start in range(0, len(self.keys), self.batch_size):
+            yield self.keys[start:start + self.batch_size]
+
+    def __len__(self) -> int:
+        return -(-len(self.keys) // self.batch_size)
+
+
+class FileDomains(MultiDomainDataset):
+    """A dataset whose environments are image files, read by DataLoader workers.
+
+    Subclasses fill `self.environments` with FileEnvironment objects.
+    """
+
+    HPARAMS = RESNET_HPARAMS
+    EVAL_BATCH_SIZE: ClassVar[int] = 128
+
+    def __init__(self, data_dir: str, test_envs: Sequence[int], hparams: Mapping[str, Any]) -> None:
+        super().__init__(data_dir, test_envs, hparams)
+        self.image_size = int(self.hparams.get("image_size", 224))
+        if self.image_size < 8:
+            raise DomaingenError(f"hyperparameter 'image_size' must be at least 8 pixels, got {self.image_size}")
+        self.num_workers = resolve_workers(self.hparams.get("num_workers", "auto"))
+        self._examples: FileExamples | None = None
+        self._eval_keys = EvaluationKeys()
+        self._eval_loader: DataLoader | None = None
+
+    @property
+    def input_shape(self) -> tuple[int, ...]:
+        return (self.INPUT_SHAPE[0], self.image_size, self.image_size)
+
+    def examples(self) -> FileExamples:
+        """All environments' examples with this dataset's transforms (built once)."""
+        if self._examples is None:
+            self._examples = FileExamples(
+                self.environments, train_transform(self.image_size), eval_transform(self.image_size)
+            )
+            for env in self.environments:
+                env.transform = self._examples.eval_tf
+        return self._examples
+
+    def _env_index(self, split: Split) -> int:
+        for i, env in enumerate(self.environments):
+            if env is split.env:
+                return i
+        raise ValueError("the split does not belong to this dataset")
+
+    def minibatch_sampler(self, splits, batch_size, seed, device) -> LoaderMinibatches:
+        keyed = [(self._env_index(s), s.index.tolist()) for s in splits]
+        log.info("training loader: %d worker processes for %d environments", self.num_workers, len(splits))
+        return LoaderMinibatches(self.examples(), keyed, batch_size, seed, device, self.num_workers)
+
+    def eval_batches(self, split: Split, batch_size: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        if self._eval_loader is None:
+            self._eval_loader = DataLoader(
+                self.examples(),
+                batch_sampler=self._eval_keys,
+                num_workers=self.num_workers,
+                persistent_workers=self.num_workers > 0,
+                pin_memory=torch.cuda.is_available(),
+            )
+        env_index = self._env_index(split)
+        self._eval_keys.keys = [(env_index, p, None) for p in split.index.tolist()]
+        self._eval_keys.batch_size = min(int(batch_size), self.EVAL_BATCH_SIZE)
+        yield from self._eval_loader
