@@ -28,10 +28,8 @@ class MinibatchSampler:
         self.generators = [torch.Generator().manual_seed(seed_hash(seed, "minibatch", i)) for i in range(len(splits))]
         self.full_batches: list[tuple[torch.Tensor, torch.Tensor]] | None = None
         if full_batch:
-            self.full_batches = [self._to_device(*s.batch(slice(None))) for s in self.splits]
-
-    def _to_device(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return to_device(x, self.device), y.to(self.device, non_blocking=True)
+            # kept contiguous: full batches feed MLPs, which would copy a channels-last batch every step
+            self.full_batches = [(x.to(device), y.to(device)) for x, y in (s.batch(slice(None)) for s in self.splits)]
 
     def next(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """One (x, y) batch per training split, on the device."""
