@@ -166,3 +166,20 @@ def test_a_short_irm_paper_run_records_train_and_test_accuracy(mnist_dir, tmp_pa
     assert records[-1]["epoch"] == 2.0  # one full-batch step is one epoch
     assert records[-1]["modreg_featurizer.layers.1_inputs_total"] == 392
     assert 0.0 <= records[-1]["modreg_kept_fraction"] <= 1.0
+
+
+def test_collect_last_selection_reports_the_final_test_accuracy(mnist_dir, tmp_path, capsys):
+    from domaingen.cli import main
+
+    for trial in (0, 1):
+        train(TrainConfig(
+            dataset="IRMColoredMNIST", algorithm="ERM", output_dir=str(tmp_path / "sweep" / f"t{trial}"),
+            data_dir=str(mnist_dir), test_envs=[2], holdout_fraction=0.0, steps=2, checkpoint_freq=1,
+            trial_seed=trial, hparams={"mlp_width": 8},
+        ))
+    finals = [json.loads((tmp_path / "sweep" / f"t{t}" / "results.jsonl").read_text().splitlines()[-1])["env2_in_acc"]
+              for t in (0, 1)]
+    assert main(["-q", "collect", "--input_dir", str(tmp_path / "sweep"), "--selection", "last", "--error", "std"]) == 0
+    out = capsys.readouterr().out
+    row = next(line for line in out.splitlines() if line.startswith("| ERM") and "test accuracy" not in line)
+    assert f"{100 * np.mean(finals):.1f} ± {100 * np.std(finals, ddof=1):.1f}" in row

@@ -89,6 +89,27 @@ def test_missing_pairs_give_a_cell_that_says_so():
     assert "missing" in tables[0].rows["A"][-1].text()
 
 
+def test_last_selection_takes_every_runs_final_checkpoint_and_training_accuracy():
+    rows = [
+        rec("A", [2], 0, 0, 0, [.9, .8, .1], [None, None, None]),
+        rec("A", [2], 0, 0, 500, [.7, .6, .5], [None, None, None]),
+        rec("A", [2], 0, 1, 500, [.8, .6, .3], [None, None, None]),
+        rec("A", [2], 1, 0, 500, [.9, .9, .9], [None, None, None]),  # another draw: not chosen
+    ]
+    chosen = select(frame(rows), "last")
+    assert chosen["hparams_seed"].tolist() == [0, 0]
+    assert chosen["step"].tolist() == [500, 500]
+    assert chosen["test_acc"].tolist() == [.5, .3]
+    assert chosen["indomain_acc"].tolist() == pytest.approx([.65, .7])
+
+
+def test_cell_std_is_the_sample_standard_deviation():
+    cell = Cell([0.1, 0.2, 0.6])
+    assert cell.std == pytest.approx(float(pd.Series([0.1, 0.2, 0.6]).std()))
+    assert cell.text(error="std") == f"30.0 ± {100 * cell.std:.1f}"
+    assert cell.text() == f"30.0 ± {100 * cell.se:.1f}"
+
+
 def test_cell_mean_and_standard_error_use_the_sample_std():
     cell = Cell([0.5, 0.7, 0.9])
     assert cell.mean == pytest.approx(0.7)

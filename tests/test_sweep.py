@@ -83,6 +83,40 @@ def test_job_list_is_deterministic_and_hashed(tmp_path):
     assert jobs[0].args["steps"] == 5001 and jobs[0].args["checkpoint_freq"] == 100
 
 
+def test_parts_are_sub_sweeps_of_the_top_level_keys():
+    spec = parse_spec({
+        "algorithms": ["ERM", "IRM"], "n_hparams": 1, "n_trials": 2, "steps": 10,
+        "parts": [
+            {"datasets": ["ColoredMNIST"], "test_envs": [[2]], "algorithm_hparams": {"IRM": {"irm_lambda": 5.0}}},
+            {"datasets": ["RotatedMNIST"], "test_envs": [[0], [1]], "algorithms": ["ERM"], "steps": 20},
+        ],
+    })
+    jobs = build_jobs(spec)
+    first = parse_spec({"algorithms": ["ERM", "IRM"], "datasets": ["ColoredMNIST"], "test_envs": [[2]], "n_hparams": 1,
+                        "n_trials": 2, "steps": 10, "algorithm_hparams": {"IRM": {"irm_lambda": 5.0}}})
+    second = parse_spec({"algorithms": ["ERM"], "datasets": ["RotatedMNIST"], "test_envs": [[0], [1]], "n_hparams": 1,
+                         "n_trials": 2, "steps": 20})
+    assert [j.job_id for j in jobs] == [j.job_id for j in build_jobs(first) + build_jobs(second)]
+    assert {j.args["steps"] for j in jobs if j.args["dataset"] == "RotatedMNIST"} == {20}
+    assert [j.args["hparams"] for j in jobs if j.args["algorithm"] == "IRM"] == [{"irm_lambda": 5.0}] * 2
+
+
+def test_modreg_table1_spec_runs_both_protocols():
+    spec_path = Path(__file__).resolve().parents[1] / "sweeps" / "modreg_table1.toml"
+    from domaingen.sweep import load_spec
+
+    jobs = build_jobs(load_spec(spec_path))
+    mlp = [j for j in jobs if j.args["dataset"] == "IRMColoredMNIST"]
+    cnn = [j for j in jobs if j.args["dataset"] != "IRMColoredMNIST"]
+    assert {j.args["algorithm"] for j in jobs} == {"ERM", "ERM+ModReg", "IRM", "IRM+ModReg"}
+    assert len(mlp) == 4 * 10 and {j.args["holdout_fraction"] for j in mlp} == {0.0}
+    assert {j.args["steps"] for j in mlp} == {501}
+    irm = next(j for j in mlp if j.args["algorithm"] == "IRM").args["hparams"]
+    assert irm["irm_penalty_anneal_iters"] == 190 and irm["penalty_schedule"] == "irm_paper"
+    assert {j.args["hparams"]["featurizer"] for j in cnn} == {"MNIST_CNN"}
+    assert len(cnn) == 4 * (3 + 6) * 3
+
+
 def test_flags_build_the_same_job_list_as_a_spec(tmp_path, capsys):
     spec_path = write_spec(tmp_path)
     code, from_spec, _ = cli(capsys, "sweep", "launch", "--spec", str(spec_path), "--output_dir", str(tmp_path / "s"), "--dry")
@@ -197,6 +231,9 @@ BAD_SPECS = [
     ('algorithms = ["ERM"]\ndatasets = ["ColoredMNIST"]\ntest_envs = [[5]]\n', "test environment 5 is out of range"),
     ('algorithms = ["ERM"]\ndatasets = ["ColoredMNIST"]\n[hparams]\nirm_lambda = 1.0\n', "irm_lambda unknown to ERM"),
     ('algorithms = ["ERM"\n', "is not valid TOML"),
+    ('algorithms = ["ERM"]\n[[parts]]\ndatasets = ["CMNIST"]\n', "parts[0]: unknown dataset 'CMNIST'"),
+    ('algorithms = ["ERM"]\n[[parts]]\ndatasets = ["ColoredMNIST"]\n[[parts.parts]]\nn_trials = 1\n', "parts do not nest"),
+    ('algorithms = ["ERM"]\ndatasets = ["ColoredMNIST"]\nholdout_fraction = "a"\n', "a number in [0, 1)"),
 ]
 
 
