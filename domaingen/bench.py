@@ -65,9 +65,7 @@ def bench_training(data_dir: str, algorithm: str, steps: int, skip_fp32_eval: bo
     return rows
 
 
-def _step_cost(name: str, precision: str, steps: int, queue) -> None:
-    """In a fresh process: mean step time and the peak-RSS growth of training steps (synthetic CMNIST batches)."""
-    device = resolve_device("auto")
+def _overhead_model(name: str, device: torch.device):
     shape = DATASETS.get("ColoredMNIST").INPUT_SHAPE
     space = {**DATASETS.get("ColoredMNIST").hparam_space(), **ALGORITHMS.get(name).hparam_space()}
     hparams = {**draw_hparams(space, name, "ColoredMNIST", 0), "featurizer": "MNIST_CNN"}
@@ -76,34 +74,54 @@ def _step_cost(name: str, precision: str, steps: int, queue) -> None:
     batches = [(torch.rand(64, *shape, device=device), torch.randint(0, 2, (64,), device=device)) for _ in range(2)]
     if getattr(model, "prefers_channels_last", True):
         batches = [(x.contiguous(memory_format=torch.channels_last), y) for x, y in batches]
-    before = peak_memory_gb(device)
+    return model, batches
 
-    def step() -> None:
+
+def _step_memory(name: str, precision: str, queue) -> None:
+    """In a fresh process: how much a few training steps raise the peak memory."""
+    device = resolve_device("auto")
+    model, batches = _overhead_model(name, device)
+    before = peak_memory_gb(device)
+    for _ in range(3):
         with autocast_context(device, precision):
             model.update(batches)
-
-    timed(step, 3)
-    queue.put((timed(step, steps), peak_memory_gb(device) - before))
+    queue.put(peak_memory_gb(device) - before)
 
 
 def bench_overhead(algorithm: str, base: str, steps: int) -> list[list]:
-    """`algorithm`'s train step against `base`'s on MNIST_CNN (64 per env x 2 envs): time and memory."""
-    import multiprocessing
+    """`algorithm`'s train step against `base`'s on MNIST_CNN (64 per env x 2 envs): time and memory.
 
+    Steps of the two alternate in one process and the medians are compared, so a
+    machine whose load changes affects both alike; memory is measured in fresh processes.
+    """
+    import multiprocessing
+    import statistics
+
+    device = resolve_device("auto")
     context = multiprocessing.get_context("spawn")
     rows = []
     for precision in ("fp32", "bf16"):
-        costs = {}
-        for name in (base, algorithm):
+        models = {name: _overhead_model(name, device) for name in (base, algorithm)}
+        times: dict[str, list[float]] = {name: [] for name in models}
+        for i in range(steps + 3):
+            for name, (model, batches) in models.items():
+                start = time.perf_counter()
+                with autocast_context(device, precision):
+                    model.update(batches)
+                if i >= 3:  # warm-up: oneDNN picks and caches its kernels
+                    times[name].append(time.perf_counter() - start)
+        memory = {}
+        for name in models:
             queue = context.Queue()
-            process = context.Process(target=_step_cost, args=(name, precision, steps, queue))
+            process = context.Process(target=_step_memory, args=(name, precision, queue))
             process.start()
-            costs[name] = queue.get()
+            memory[name] = queue.get()
             process.join()
-        (t_base, m_base), (t_alg, m_alg) = costs[base], costs[algorithm]
-        rows.append([f"{base} step, {precision}, MNIST_CNN", f"{t_base * 1000:.0f} ms, +{m_base * 1024:.0f} MB peak"])
-        rows.append([f"{algorithm} step, {precision}, MNIST_CNN", f"{t_alg * 1000:.0f} ms, +{m_alg * 1024:.0f} MB peak"])
-        rows.append([f"{algorithm} / {base}, {precision}", f"time {t_alg / t_base:.2f}x, memory {m_alg / max(m_base, 1e-9):.2f}x"])
+        t_base, t_alg = statistics.median(times[base]), statistics.median(times[algorithm])
+        rows.append([f"{base} step, {precision}, MNIST_CNN", f"{t_base * 1000:.0f} ms, +{memory[base] * 1024:.0f} MB peak"])
+        rows.append([f"{algorithm} step, {precision}, MNIST_CNN", f"{t_alg * 1000:.0f} ms, +{memory[algorithm] * 1024:.0f} MB peak"])
+        rows.append([f"{algorithm} / {base}, {precision}",
+                     f"time {t_alg / t_base:.2f}x, memory {memory[algorithm] / max(memory[base], 1e-9):.2f}x"])
     return rows
 
 

@@ -158,6 +158,13 @@ def cmd_list(ns: argparse.Namespace) -> int:
         for i, (hp_name, hp) in enumerate(space.items()):
             algo_rows.append([name if i == 0 else "", hp_name, hp.describe(), summary if i == 0 else ""])
     print(tabulate(algo_rows, headers=["algorithm", "hparam", "default; distribution", "what it does"]))
+    composed = ALGORITHMS.composed_names()
+    for modifier in sorted({name.rpartition("+")[2] for name in composed}):
+        example = next(name for name in composed if name.endswith(f"+{modifier}"))
+        base_space = ALGORITHMS.get(example.rpartition("+")[0]).hparam_space()
+        extra = {k: v for k, v in ALGORITHMS.get(example).hparam_space().items() if k not in base_space}
+        print(f"\nCompositions: X+{modifier} for every algorithm X above, with X's hyperparameters and these\n")
+        print(tabulate([[k, v.describe(), v.help] for k, v in extra.items()], headers=["hparam", "default; distribution", ""]))
     return 0
 
 
