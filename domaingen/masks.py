@@ -34,6 +34,31 @@ def _logistic_noise(like: torch.Tensor) -> torch.Tensor:
     return torch.log(u).sub_(torch.log1p(-u))
 
 
+class _HardGumbelSigmoidTau1(torch.autograd.Function):
+    """The tau = 1 case without transcendental functions per sample.
+
+    With u ~ U(0, 1), noise = logit(u) and pi = sigmoid(l): l - noise > 0 iff u < pi,
+    and s = sigmoid(l - noise) = pi (1 - u) / D with D = pi + u (1 - 2 pi), so the
+    straight-through slope is ds/dl = pi (1 - pi) u (1 - u) / D^2. Only pi needs a
+    sigmoid, once per weight rather than once per sample.
+    """
+
+    @staticmethod
+    def forward(ctx, logits: torch.Tensor, samples: int) -> torch.Tensor:  # type: ignore[override]
+        pi = torch.sigmoid(logits)
+        u = torch.rand((samples, *logits.shape), dtype=logits.dtype, device=logits.device).clamp_(1e-7, 1 - 1e-7)
+        hard = (u < pi).to(logits.dtype)
+        denominator = torch.addcmul(pi, u, 1 - 2 * pi)
+        slope = torch.addcmul(u, u, u, value=-1.0).div_(denominator.square_()).mul_(pi * (1 - pi))
+        ctx.save_for_backward(slope)
+        return hard
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None]:  # type: ignore[override]
+        (slope,) = ctx.saved_tensors
+        return (grad * slope).sum(dim=0), None
+
+
 class _HardGumbelSigmoid(torch.autograd.Function):
     """1[l - noise > 0] forward; the gradient of sigmoid((l - noise) / tau) backward (straight-through).
 
@@ -63,6 +88,13 @@ def gumbel_sigmoid(logits: torch.Tensor, tau: float = 1.0, hard: bool = True) ->
     if hard:
         return _HardGumbelSigmoid.apply(logits, float(tau))
     return torch.sigmoid((logits - _logistic_noise(logits)) / tau)
+
+
+def sample_hard_masks(logits: torch.Tensor, samples: int, tau: float = 1.0) -> torch.Tensor:
+    """`samples` independent hard Gumbel-sigmoid masks of `logits`, stacked on dim 0 (straight-through)."""
+    if tau == 1.0:
+        return _HardGumbelSigmoidTau1.apply(logits, int(samples))
+    return gumbel_sigmoid(logits.unsqueeze(0).expand(samples, *logits.shape), tau)
 
 
 def eval_mask(logits: torch.Tensor) -> torch.Tensor:
@@ -98,8 +130,7 @@ class _WeightMasked:
 
     def sample_masks(self, logits: torch.Tensor) -> torch.Tensor:
         """`groups` independent hard samples stacked on dim 0."""
-        expanded = logits.unsqueeze(0).expand(self.groups_per_batch, *logits.shape)
-        return gumbel_sigmoid(expanded, self.tau)
+        return sample_hard_masks(logits, self.groups_per_batch, self.tau)
 
     def masked_bias(self, n_groups: int | None) -> torch.Tensor | None:
         bias = getattr(self, "bias", None)

@@ -244,3 +244,23 @@ def test_straight_through_gradient_is_the_soft_samples_gradient():
     soft = torch.sigmoid((logits.detach() - (u.log() - (-u).log1p())) / 0.7)
     assert torch.equal(hard.detach(), (soft > 0.5).double())
     assert torch.allclose(logits.grad, weights * soft * (1 - soft) / 0.7)
+
+
+def test_tau_1_masks_are_bernoulli_with_the_soft_samples_gradient():
+    """The per-group sampler (tau = 1): mean sigmoid(l), and the gradient of sigmoid(l - logit(u))."""
+    from domaingen.masks import sample_hard_masks
+
+    logits = torch.tensor([-2.0, 0.0, 1.0, 3.0], dtype=torch.float64, requires_grad=True)
+    torch.manual_seed(0)
+    masks = sample_hard_masks(logits, 50_000)
+    p = torch.sigmoid(logits.detach())
+    assert ((masks.detach().mean(0) - p).abs() < 4 * (p * (1 - p) / 50_000).sqrt()).all()
+    torch.manual_seed(1)
+    hard = sample_hard_masks(logits, 3)
+    (hard * torch.arange(12.0, dtype=torch.float64).view(3, 4)).sum().backward()
+    torch.manual_seed(1)
+    u = torch.rand(3, 4, dtype=torch.float64).clamp_(1e-7, 1 - 1e-7)
+    soft = torch.sigmoid(logits.detach() - (u.log() - (-u).log1p()))
+    assert torch.equal(hard.detach(), (soft > 0.5).double())
+    expected = (torch.arange(12.0, dtype=torch.float64).view(3, 4) * soft * (1 - soft)).sum(0)
+    assert torch.allclose(logits.grad, expected)
