@@ -77,28 +77,48 @@ def _overhead_model(name: str, device: torch.device):
     return model, batches
 
 
-def _step_memory(name: str, precision: str, queue) -> None:
-    """In a fresh process: how much a few training steps raise the peak memory."""
-    device = resolve_device("auto")
-    model, batches = _overhead_model(name, device)
-    before = peak_memory_gb(device)
-    for _ in range(3):
+def step_memory_mb(model, batches, device: torch.device, precision: str) -> float:
+    """Peak memory one training step allocates on top of what exists before it (torch profiler, CPU).
+
+    On CUDA: the peak of torch.cuda.max_memory_allocated over the step, minus the memory before it.
+    """
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        before = torch.cuda.memory_allocated(device)
+        torch.cuda.reset_peak_memory_stats(device)
         with autocast_context(device, precision):
             model.update(batches)
-    queue.put(peak_memory_gb(device) - before)
+        return (torch.cuda.max_memory_allocated(device) - before) / 2**20
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        with autocast_context(device, precision):
+            model.update(batches)
+    running = peak = 0
+    for event in sorted(prof.events(), key=lambda e: e.time_range.start):
+        running += event.self_cpu_memory_usage
+        peak = max(peak, running)
+    return peak / 2**20
+
+
+def state_memory_mb(model) -> float:
+    """Parameters, their gradients and every optimizer's state, in MB."""
+    tensors = [p for p in model.parameters()] + [p.grad for p in model.parameters() if p.grad is not None]
+    for optimizer in model.optimizers().values():
+        tensors += [t for state in optimizer.state.values() for t in state.values() if torch.is_tensor(t)]
+    return sum(t.numel() * t.element_size() for t in tensors) / 2**20
 
 
 def bench_overhead(algorithm: str, base: str, steps: int) -> list[list]:
     """`algorithm`'s train step against `base`'s on MNIST_CNN (64 per env x 2 envs): time and memory.
 
     Steps of the two alternate in one process and the medians are compared, so a
-    machine whose load changes affects both alike; memory is measured in fresh processes.
+    machine whose load changes affects both alike. Memory: the peak a step allocates
+    plus parameters, gradients and optimizer state.
     """
-    import multiprocessing
     import statistics
 
     device = resolve_device("auto")
-    context = multiprocessing.get_context("spawn")
     rows = []
     for precision in ("fp32", "bf16"):
         models = {name: _overhead_model(name, device) for name in (base, algorithm)}
@@ -110,16 +130,11 @@ def bench_overhead(algorithm: str, base: str, steps: int) -> list[list]:
                     model.update(batches)
                 if i >= 3:  # warm-up: oneDNN picks and caches its kernels
                     times[name].append(time.perf_counter() - start)
-        memory = {}
-        for name in models:
-            queue = context.Queue()
-            process = context.Process(target=_step_memory, args=(name, precision, queue))
-            process.start()
-            memory[name] = queue.get()
-            process.join()
+        memory = {name: step_memory_mb(*models[name], device, precision) + state_memory_mb(models[name][0])
+                  for name in models}
         t_base, t_alg = statistics.median(times[base]), statistics.median(times[algorithm])
-        rows.append([f"{base} step, {precision}, MNIST_CNN", f"{t_base * 1000:.0f} ms, +{memory[base] * 1024:.0f} MB peak"])
-        rows.append([f"{algorithm} step, {precision}, MNIST_CNN", f"{t_alg * 1000:.0f} ms, +{memory[algorithm] * 1024:.0f} MB peak"])
+        rows.append([f"{base} step, {precision}, MNIST_CNN", f"{t_base * 1000:.0f} ms, {memory[base]:.0f} MB"])
+        rows.append([f"{algorithm} step, {precision}, MNIST_CNN", f"{t_alg * 1000:.0f} ms, {memory[algorithm]:.0f} MB"])
         rows.append([f"{algorithm} / {base}, {precision}",
                      f"time {t_alg / t_base:.2f}x, memory {memory[algorithm] / max(memory[base], 1e-9):.2f}x"])
     return rows
