@@ -49,13 +49,15 @@ def mean_pairwise_iou(masks: torch.Tensor, eps: float = IOU_EPS) -> torch.Tensor
 def straight_through_bernoulli(probs: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
     """A {0, 1} sample of Bernoulli(probs) whose gradient w.r.t. probs is the identity."""
     hard = torch.bernoulli(probs.detach(), generator=generator)
-    return hard + probs - probs.detach()
+    # (probs - probs.detach()) is exactly 0, so the forward value stays exactly {0, 1}
+    return hard + (probs - probs.detach())
 
 
 def neuron_mask_statistics(active: torch.Tensor) -> dict[str, float]:
     """Statistics of discrete [D, C] masks (True = neuron kept for that domain).
 
-    iou: mean pairwise IoU over domains; active: fraction of (domain, neuron)
+    iou: mean pairwise IoU over the pairs of domains whose masks are not both
+    empty (NaN when there are none, or fewer than 2 domains); active: fraction of (domain, neuron)
     entries kept; shared: neurons kept by every domain; specific: kept by some
     but not all domains; unused: kept by none (the three counts sum to C).
     """
@@ -63,12 +65,21 @@ def neuron_mask_statistics(active: torch.Tensor) -> dict[str, float]:
     n_domains = active.shape[0]
     per_neuron = active.sum(0)
     return {
-        "iou": float(mean_pairwise_iou(active.float())) if n_domains > 1 else float("nan"),
+        "iou": _discrete_mean_iou(active),
         "active": float(active.float().mean()),
         "shared": int((per_neuron == n_domains).sum()),
         "specific": int(((per_neuron > 0) & (per_neuron < n_domains)).sum()),
         "unused": int((per_neuron == 0).sum()),
     }
+
+
+def _discrete_mean_iou(active: torch.Tensor) -> float:
+    n_domains = active.shape[0]
+    if n_domains < 2:
+        return float("nan")
+    rows, cols = torch.triu_indices(n_domains, n_domains, offset=1)
+    # eps 0: two empty masks give 0/0, left out rather than counted as identical
+    return float(pairwise_soft_iou(active.float(), eps=0.0)[rows, cols].nanmean())
 
 
 class DomainNeuronMasks(nn.Module):
