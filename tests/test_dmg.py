@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import math
 
 import numpy as np
 import pytest
@@ -277,3 +278,37 @@ def test_evaluate_without_domain_mapping_reports_no_kd():
 
     results = evaluate(algorithm, [(Toy(), Toy())], torch.device("cpu"))
     assert set(results) == {"env0_in_acc", "env0_out_acc", "env0_in_acc_mask_ens", "env0_out_acc_mask_ens"}
+
+
+# --- tables ---
+
+
+def test_tables_show_known_domain_rows_in_the_in_domain_table_only():
+    import pandas as pd
+
+    from domaingen.collect import Collection, expand_modes
+    from domaingen.reporting import build_tables, to_markdown
+    from test_selection import rec
+
+    rows = []
+    for t in range(3):
+        row = rec("DMG", [t], 0, 0, 0, [.5, .5, .5], [.6, .6, .6])
+        for i in range(3):
+            row[f"env{i}_in_acc_mask_ens"], row[f"env{i}_out_acc_mask_ens"] = 0.4, 0.3
+            if i != t:  # known-domain: training envs only
+                row[f"env{i}_in_acc_kd"], row[f"env{i}_out_acc_kd"] = 0.9, 0.6 + 0.1 * i
+        rows.append(row)
+    rows.append(rec("ERM", [0], 0, 0, 0, [.5, .5, .5], [.6, .6, .6]))
+    records = pd.DataFrame(rows)
+    expanded = expand_modes(records)
+    assert sorted(expanded["algorithm"].unique()) == ["DMG", "DMG-KD", "DMG-MaskEns", "ERM"]
+    kd = expanded[expanded["algorithm"] == "DMG-KD"].iloc[0]  # test env 0
+    assert math.isnan(kd["env0_in_acc"]) and kd["env1_out_acc"] == pytest.approx(0.7) and kd["base_algorithm"] == "DMG"
+
+    tables = {t.key: t for t in build_tables(Collection(records), ["training"])}
+    test, indomain = tables["Toy/training/test"], tables["Toy/training/indomain"]
+    assert sorted(test.rows) == ["DMG", "DMG-MaskEns", "ERM"]
+    assert [c.mean for c in test.rows["DMG-MaskEns"][:3]] == pytest.approx([0.4] * 3)
+    # DMG-KD in-domain: the mean KD out-accuracy over each run's training envs
+    assert [c.mean for c in indomain.rows["DMG-KD"]] == pytest.approx([0.75, 0.7, 0.65, 0.7])
+    assert "| DMG-KD " in to_markdown(list(tables.values()), Collection(records))
