@@ -312,3 +312,7 @@ def test_tables_show_known_domain_rows_in_the_in_domain_table_only():
     # DMG-KD in-domain: the mean KD out-accuracy over each run's training envs
     assert [c.mean for c in indomain.rows["DMG-KD"]] == pytest.approx([0.75, 0.7, 0.65, 0.7])
     assert "| DMG-KD " in to_markdown(list(tables.values()), Collection(records))
+    # oracle selection validates on the test env, where known-domain has no accuracy
+    oracle = {t.key: t for t in build_tables(Collection(records), ["oracle"])}
+    assert "DMG-KD" not in oracle["Toy/oracle/test"].rows
+    assert oracle["Toy/oracle/indomain"].rows["DMG-KD"][0].missing == "undefined: validated on held-out domains"
