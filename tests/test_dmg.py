@@ -316,3 +316,29 @@ def test_tables_show_known_domain_rows_in_the_in_domain_table_only():
     oracle = {t.key: t for t in build_tables(Collection(records), ["oracle"])}
     assert "DMG-KD" not in oracle["Toy/oracle/test"].rows
     assert oracle["Toy/oracle/indomain"].rows["DMG-KD"][0].missing == "undefined: validated on held-out domains"
+
+
+def test_resnet_featurizer_masks_layer3_layer4_and_classifier_per_channel(monkeypatch):
+    """The contract of the ResNet featurizer (attribute `resnet`, fc = Identity), with torchvision's resnet18."""
+    torchvision = pytest.importorskip("torchvision")
+
+    class ResNetFeaturizer(torch.nn.Module):
+        n_outputs = 512
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.resnet = torchvision.models.resnet18(weights=None)
+            self.resnet.fc = torch.nn.Identity()
+
+        def forward(self, x):
+            return self.resnet(x)
+
+    monkeypatch.setattr("domaingen.algorithms.base.build_featurizer", lambda shape, hparams: ResNetFeaturizer())
+    algorithm = build("DMG", (3, 32, 32), num_classes=3, seed=0)
+    assert algorithm.mask_layers == ["featurizer.resnet.layer3", "featurizer.resnet.layer4", "classifier"]
+    assert [tuple(m.shape) for m in algorithm.masks.logits] == [(NUM_DOMAINS, 128), (NUM_DOMAINS, 256), (NUM_DOMAINS, 512)]
+    algorithm.eval()  # BatchNorm statistics fixed, so Pred-Ens and the per-domain passes see the same network
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        loop = torch.stack([algorithm.predict(x, domain=d) for d in range(NUM_DOMAINS)]).mean(0)
+        torch.testing.assert_close(algorithm.predict(x), loop, rtol=1e-4, atol=1e-5)
