@@ -1,6 +1,6 @@
 """`make bench`: the speed and memory figures the issues ask for (not timed assertions).
 
-Run with DOMAINGEN_DATA pointing at real MNIST: python -m domaingen.bench [--only training|bookkeeping|overhead|images]
+Run with DOMAINGEN_DATA pointing at real MNIST: python -m domaingen.bench [--only training|bookkeeping|overhead|images|dmg]
 """
 
 from __future__ import annotations
@@ -140,6 +140,62 @@ def bench_overhead(algorithm: str, base: str, steps: int) -> list[list]:
     return rows
 
 
+def bench_dmg(data_dir: str, steps: int, rounds: int = 3) -> list[list]:
+    """DMG's train step against ERM's on ColoredMNIST with MNIST_CNN (64 per env x 2 envs), fp32 and bf16,
+    and its test-time modes against ERM's predict on one 512-image batch.
+
+    ERM and DMG steps alternate in `rounds` blocks of `steps`, so that both see the same
+    load on a shared machine; the ratio is of the summed times.
+    """
+    device = resolve_device("auto")
+    dataset = DATASETS.get("ColoredMNIST")(data_dir, [2], {})
+    splits = split_environments(dataset, 0.2, 0)
+    train_splits = [s_in for s_in, _ in splits[:2]]
+    models = {}
+    for name in ("ERM", "DMG"):
+        space = {**DATASETS.get("ColoredMNIST").hparam_space(), **ALGORITHMS.get(name).hparam_space()}
+        hparams = {**draw_hparams(space, name, "ColoredMNIST", 0), "featurizer": "MNIST_CNN"}
+        torch.manual_seed(0)
+        model = place_model(ALGORITHMS.get(name)(dataset.input_shape, dataset.num_classes, 2, hparams), device, dataset.input_shape)
+        models[name] = (model, MinibatchSampler(train_splits, hparams["batch_size"], 0, device))
+    rows = []
+    for precision in ("fp32", "bf16"):
+        totals = {name: 0.0 for name in models}
+        for name, (model, sampler) in models.items():  # warm-up: oneDNN picks and caches its kernels
+            with autocast_context(device, precision):
+                timed(lambda: model.update(sampler.next()), 3)
+        for _ in range(rounds):
+            for name, (model, sampler) in models.items():
+
+                def step(model=model, sampler=sampler) -> None:
+                    with autocast_context(device, precision):
+                        model.update(sampler.next())
+                    if device.type == "cuda":
+                        torch.cuda.synchronize()
+
+                totals[name] += timed(step, steps) * steps
+        per_step = {name: total / (rounds * steps) for name, total in totals.items()}
+        for name in models:
+            rows.append([f"{name} train step, MNIST_CNN, {precision} (64 per env x 2 envs)", f"{per_step[name] * 1000:.1f} ms"])
+        rows.append([f"DMG step / ERM step, {precision} (target <= 1.3)", f"{per_step['DMG'] / per_step['ERM']:.2f}x"])
+    x = splits[0][1].batch(slice(0, 512))[0].to(device)
+    if len(dataset.input_shape) == 3:
+        x = x.contiguous(memory_format=torch.channels_last)
+    erm, dmg = models["ERM"][0].eval(), models["DMG"][0].eval()
+    with torch.inference_mode():
+        predicts = {
+            "ERM predict": lambda: erm.predict(x),
+            "DMG Pred-Ens (batch tiled over the 2 domains)": lambda: dmg.predict(x),
+            "DMG Pred-Ens as a loop of known-domain passes": lambda: sum(dmg.predict(x, domain=d) for d in range(2)) / 2,
+            "DMG Mask-Ens": lambda: dmg.predict(x, mode="mask_ens"),
+            "DMG known-domain": lambda: dmg.predict(x, domain=0),
+        }
+        for name, fn in predicts.items():
+            fn()
+            rows.append([f"{name}, 512 images, fp32", f"{timed(fn, 3) * 1000:.0f} ms"])
+    return rows
+
+
 def bench_bookkeeping(n_runs: int = 10_000, n_records: int = 10_000) -> list[list]:
     """Sweep bookkeeping on synthetic directories: job list, state scan, collect + tables."""
     import json
@@ -239,7 +295,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--algorithm", default="ERM")
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--skip_fp32_eval", action="store_true", help="the fp32 evaluation takes minutes on 2 cores")
-    parser.add_argument("--only", choices=["training", "bookkeeping", "overhead", "images"], default=None)
+    parser.add_argument("--only", choices=["training", "bookkeeping", "overhead", "images", "dmg"], default=None)
     parser.add_argument("--overhead", nargs="+", default=["ERM+ModReg"],
                         help="algorithms whose step is compared with --base (the overhead section)")
     parser.add_argument("--base", default="ERM")
@@ -257,6 +313,8 @@ def main(argv: list[str] | None = None) -> int:
             rows += bench_overhead(algorithm, ns.base, ns.steps)
     if ns.only in (None, "images"):
         rows += bench_images(ns.workers)
+    if ns.only in (None, "dmg"):
+        rows += bench_dmg(data_dir, max(1, ns.steps // 2))
     print(tabulate(rows, headers=["measure", "value"]))
     return 0
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -20,6 +21,10 @@ from domaingen.rundir import DONE, FAILED, RESULTS, read_jsonl
 log = logging.getLogger(__name__)
 
 KEY_COLUMNS = ["dataset", "algorithm", "test_envs", "hparams_seed", "trial_seed"]
+# Test-time modes an algorithm reports beside its default (Algorithm.EVAL_MODES, fields
+# env{i}_{in,out}_acc_{mode}) become table rows named '{algorithm}-{label}'.
+MODE_LABELS = {"kd": "KD", "mask_ens": "MaskEns"}
+MODE_FIELD = re.compile(r"^env(\d+)_(in|out)_acc_(\w+)$")
 
 
 @dataclass
@@ -101,6 +106,36 @@ def collect(input_dir: str | os.PathLike) -> Collection:
             "launch or resume the sweep first (domaingen sweep launch)"
         )
     return Collection(pd.DataFrame(rows), failed, incomplete, pd.DataFrame(run_rows))
+
+
+def expand_modes(records: pd.DataFrame) -> pd.DataFrame:
+    """The records plus, per test-time mode found in them, a copy that reads as its own algorithm.
+
+    A copy is named '{algorithm}-{label}' (e.g. DMG-KD), its env{i}_{in,out}_acc are
+    the mode's accuracies, NaN where the mode is undefined (KD on a test
+    environment), its `run` is '{run}#{mode}', and its `base_algorithm` column
+    names the algorithm that ran.
+    """
+    modes: dict[str, list[tuple[str, str]]] = {}
+    for column in records.columns:
+        match = MODE_FIELD.match(column)
+        if match:
+            modes.setdefault(match.group(3), []).append((f"env{match.group(1)}_{match.group(2)}_acc", column))
+    parts = [records]
+    for mode, columns in sorted(modes.items()):
+        has_mode = records[[c for _, c in columns]].notna().any(axis=1)
+        if not has_mode.any():
+            continue
+        copy = records[has_mode].copy()
+        base_columns = [c for c in copy.columns if re.fullmatch(r"env\d+_(in|out)_acc", c)]
+        copy[base_columns] = float("nan")
+        for base, column in columns:
+            copy[base] = copy[column]
+        copy["base_algorithm"] = copy["algorithm"]
+        copy["run"] = copy["run"] + "#" + mode  # selection picks one checkpoint per run name
+        copy["algorithm"] = copy["algorithm"] + "-" + MODE_LABELS.get(mode, mode)
+        parts.append(copy)
+    return pd.concat(parts, ignore_index=True) if len(parts) > 1 else records
 
 
 def n_environments(records: pd.DataFrame, dataset: str) -> int:

@@ -29,17 +29,29 @@ def predicted_labels(logits: torch.Tensor) -> torch.Tensor:
     return logits.argmax(dim=1)
 
 
+def training_domains(n_envs: int, test_envs: Sequence[int]) -> list[int | None]:
+    """Per environment, its index among the training environments (the algorithm's domain index); None for a test env."""
+    train_envs = [i for i in range(n_envs) if i not in set(test_envs)]
+    return [train_envs.index(i) if i in train_envs else None for i in range(n_envs)]
+
+
 def split_predictions(
     algorithm: Algorithm,
     batches: Iterable[tuple[torch.Tensor, torch.Tensor]],
     device: torch.device,
     precision: str = "fp32",
+    mode: str | None = None,
+    domain: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(predicted labels, true labels) over `batches`, on the CPU."""
+    """(predicted labels, true labels) over `batches`, on the CPU.
+
+    `mode` names one of the algorithm's EVAL_MODES (None: its default `predict`).
+    """
     predicted, labels = [], []
     for x, y in batches:
         with autocast_context(device, precision):
-            logits = algorithm.predict(to_device(x, device))
+            x = to_device(x, device)
+            logits = algorithm.predict(x) if mode is None else algorithm.predict_mode(x, mode, domain)
         predicted.append(predicted_labels(logits.float()).cpu())
         labels.append(y.cpu())
     if not predicted:
@@ -58,11 +70,13 @@ def split_accuracy(
     device: torch.device,
     precision: str = "fp32",
     batch_size: int = EVAL_BATCH_SIZE,
+    mode: str | None = None,
+    domain: int | None = None,
 ) -> float:
     """Fraction of the split's examples predicted correctly (NaN for an empty split)."""
     if len(split) == 0:
         return float("nan")
-    predicted, labels = split_predictions(algorithm, _slices(split, batch_size), device, precision)
+    predicted, labels = split_predictions(algorithm, _slices(split, batch_size), device, precision, mode, domain)
     return int((predicted == labels).sum()) / len(split)
 
 
@@ -73,11 +87,15 @@ def evaluate(
     precision: str = "fp32",
     batch_size: int = EVAL_BATCH_SIZE,
     dataset: MultiDomainDataset | None = None,
+    env_domains: Sequence[int | None] | None = None,
 ) -> dict[str, float]:
     """{'env{i}_in_acc', 'env{i}_out_acc'} for every environment, in eval mode without autograd.
 
     With `dataset`, its `eval_batches` feeds the examples (image datasets use their
-    DataLoader workers) and its `environment_metrics` adds its own fields.
+    DataLoader workers) and its `environment_metrics` adds its own fields. For each of
+    the algorithm's EVAL_MODES also 'env{i}_in_acc_{mode}' and 'env{i}_out_acc_{mode}';
+    a mode that needs the domain index is reported only for the environments whose
+    `env_domains` entry (see `training_domains`) is not None.
     """
     was_training = algorithm.training
     algorithm.eval()
@@ -85,15 +103,22 @@ def evaluate(
     try:
         with torch.inference_mode():
             for i, (split_in, split_out) in enumerate(splits):
-                predicted = []
-                for name, split in (("in", split_in), ("out", split_out)):
-                    batches = dataset.eval_batches(split, batch_size) if dataset is not None else _slices(split, batch_size)
-                    pred, labels = split_predictions(algorithm, batches, device, precision)
-                    results[f"env{i}_{name}_acc"] = int((pred == labels).sum()) / len(split) if len(split) else float("nan")
-                    predicted.append(pred)
-                if dataset is not None:
-                    index = torch.cat([split_in.index, split_out.index])
-                    results.update(dataset.environment_metrics(i, index, torch.cat(predicted)))
+                domain = env_domains[i] if env_domains is not None else None
+                modes = [(None, "")] + [
+                    (mode, f"_{mode}") for mode, needs_domain in algorithm.EVAL_MODES.items()
+                    if domain is not None or not needs_domain
+                ]
+                for mode, suffix in modes:
+                    predicted = []
+                    for name, split in (("in", split_in), ("out", split_out)):
+                        batches = dataset.eval_batches(split, batch_size) if dataset is not None else _slices(split, batch_size)
+                        pred, labels = split_predictions(algorithm, batches, device, precision, mode, domain)
+                        accuracy = int((pred == labels).sum()) / len(split) if len(split) else float("nan")
+                        results[f"env{i}_{name}_acc{suffix}"] = accuracy
+                        predicted.append(pred)
+                    if dataset is not None and mode is None:
+                        index = torch.cat([split_in.index, split_out.index])
+                        results.update(dataset.environment_metrics(i, index, torch.cat(predicted)))
     finally:
         algorithm.train(was_training)
     return results

@@ -43,6 +43,16 @@ def log_uniform(low: float, high: float) -> Sampler:
     return Sampler(lambda r: float(10 ** r.uniform(low, high)), f"10^U({low:g},{high:g})")
 
 
+def log_uniform_or_zero(low: float, high: float, p_zero: float) -> Sampler:
+    """0 with probability `p_zero`, else 10 ** U(low, high): a log-uniform range that includes 0."""
+
+    def draw(r: np.random.Generator) -> float:
+        zero, exponent = r.uniform(), r.uniform(low, high)  # both always drawn: p_zero moves no other value
+        return 0.0 if zero < p_zero else float(10**exponent)
+
+    return Sampler(draw, f"0 w.p. {p_zero:g}, else 10^U({low:g},{high:g})")
+
+
 def int_log_uniform(low: float, high: float) -> Sampler:
     """int(10 ** U(low, high))."""
     return Sampler(lambda r: int(10 ** r.uniform(low, high)), f"int(10^U({low:g},{high:g}))")

@@ -168,6 +168,9 @@ METHOD_TITLES = {
 def select(records: pd.DataFrame, method: str) -> pd.DataFrame:
     """Per (dataset, algorithm, test_env): the trials of the hparams draw with the best mean validation."""
     per_run = METHODS[method](records)
+    # a checkpoint without a validation accuracy (a test-time mode undefined on the validation
+    # split, e.g. known-domain on the test env under oracle selection) cannot be selected
+    per_run = per_run[per_run["val_acc"].notna()]
     if per_run.empty:
         return per_run
     per_run = per_run.astype({"hparams_seed": int, "trial_seed": int, "test_env": int})

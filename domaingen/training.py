@@ -16,7 +16,7 @@ from domaingen.algorithms import ALGORITHMS, Algorithm
 from domaingen.datasets import DATASETS, MultiDomainDataset, resolve_data_dir, split_environments
 from domaingen.datasets.sampling import MinibatchSampler  # noqa: F401  (re-exported: bench and older code import it here)
 from domaingen.errors import DomaingenError
-from domaingen.evaluation import autocast_context, evaluate
+from domaingen.evaluation import autocast_context, evaluate, training_domains
 from domaingen.hparams import apply_overrides, draw_hparams, parse_overrides, seed_hash
 from domaingen.networks import place_model, resolve_device
 from domaingen.rundir import DONE_STATE, FAILED_STATE, LOG, RunDirectory
@@ -184,6 +184,7 @@ def _train_loop(
     start_step = _resume(rundir, algorithm, sampler)
     steps_per_epoch = 1.0 if full_batch else min(len(s_in) / hparams["batch_size"] for s_in, _ in splits)
     log.info("%s on %s, test envs %s, hparams %s", args["algorithm"], args["dataset"], args["test_envs"], hparams)
+    env_domains = training_domains(len(splits), args["test_envs"])
     pending: dict[str, list[float]] = {}
     for step in range(start_step, args["steps"]):
         started = time.perf_counter()
@@ -199,7 +200,7 @@ def _train_loop(
                 "step": step,
                 "epoch": step / steps_per_epoch,
                 **{k: sum(v) / len(v) for k, v in pending.items()},
-                **evaluate(algorithm, splits, device, args["precision"], dataset=dataset),
+                **evaluate(algorithm, splits, device, args["precision"], dataset=dataset, env_domains=env_domains),
                 **algorithm.diagnostics(),
                 "mem_gb": peak_memory_gb(device),
                 "data_source": dataset.data_source,

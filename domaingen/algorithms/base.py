@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from domaingen.errors import DomaingenError
 from domaingen.hparams import HParam
 from domaingen.networks import build_classifier, build_featurizer
 from domaingen.registry import Registry
@@ -30,6 +31,9 @@ class Algorithm(nn.Module):
     HPARAMS: ClassVar[dict[str, HParam]] = {}
     # image models run channels-last (faster oneDNN/cuDNN convolutions) unless a method opts out
     prefers_channels_last: ClassVar[bool] = True
+    # Extra test-time modes that evaluation reports beside the default `predict`
+    # (fields env{i}_in_acc_{mode}): mode name -> whether it needs the examples' domain index.
+    EVAL_MODES: ClassVar[dict[str, bool]] = {}
 
     def __init__(
         self, input_shape: Sequence[int], num_classes: int, num_domains: int, hparams: Mapping[str, Any]
@@ -55,6 +59,10 @@ class Algorithm(nn.Module):
     def predict(self, x: torch.Tensor, domain: int | torch.Tensor | None = None) -> torch.Tensor:
         """Logits for `x`. `domain` is used only by domain-aware methods."""
         raise NotImplementedError
+
+    def predict_mode(self, x: torch.Tensor, mode: str, domain: int | torch.Tensor | None = None) -> torch.Tensor:
+        """Logits for `x` in one of `EVAL_MODES`; `domain` is the training-domain index for modes that need it."""
+        raise DomaingenError(f"{type(self).__name__} has no test-time mode '{mode}'")
 
     def diagnostics(self) -> dict[str, Any]:
         """Extra fields written into every results record (e.g. mask statistics); none by default."""

@@ -1,0 +1,230 @@
+"""DMG (Chattopadhyay et al., ECCV 2020): domain-specific neuron masks for generalization.
+
+Every training domain has one mask logit per neuron (per channel for
+convolutions) on the inputs of a few late layers. Training multiplies each
+example's activations by a straight-through Bernoulli sample of its own
+domain's mask and adds lambda_O times the soft-IoU overlap of the domains'
+masks. Test-time modes: Pred-Ens (the default) averages the logits over the
+source domains' soft masks, Mask-Ens uses the mean soft mask, and known-domain
+(KD) uses the example's own domain's soft mask.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from domaingen.algorithms.base import ALGORITHMS, FeaturizerClassifier, Minibatches, concat, make_adam
+from domaingen.errors import DomaingenError
+from domaingen.hparams import HParam, log_uniform, log_uniform_or_zero
+from domaingen.masks import DomainNeuronMasks, straight_through_bernoulli
+from domaingen.networks import MLP, MNIST_CNN
+
+MODES = ("pred_ens", "mask_ens", "kd")
+# Pred-Ens tiles a batch over the domains from the first masked layer on; this bounds the rows
+# of one tiled pass (memory), splitting larger batches.
+PRED_ENS_MAX_ROWS = 4096
+
+
+def auto_mask_layers(featurizer: nn.Module) -> list[str]:
+    """The default masked layers for a featurizer, as module names relative to the algorithm.
+
+    MNIST_CNN: the inputs of its last two convolutions and of the classifier; MLP:
+    the inputs of its Linear layers after the first and of the classifier (the
+    hidden activations); a ResNet featurizer (attribute `resnet`): the inputs of
+    layer3, layer4 and the classifier.
+    """
+    if isinstance(featurizer, MNIST_CNN):
+        convs = [name for name, m in featurizer.named_modules() if isinstance(m, nn.Conv2d)]
+        return [f"featurizer.{name}" for name in convs[-2:]] + ["classifier"]
+    if isinstance(featurizer, MLP):
+        linears = [name for name, m in featurizer.named_modules() if isinstance(m, nn.Linear)]
+        return [f"featurizer.{name}" for name in linears[1:]] + ["classifier"]
+    if isinstance(getattr(featurizer, "resnet", None), nn.Module):
+        return ["featurizer.resnet.layer3", "featurizer.resnet.layer4", "classifier"]
+    raise DomaingenError(
+        f"DMG has no default masked layers for the featurizer {type(featurizer).__name__}; "
+        "name them in the dmg_layers hyperparameter (comma-separated module names)"
+    )
+
+
+def input_width(module: nn.Module) -> int:
+    """Neurons (Linear) or channels (convolution) of a module's input: those of its first such layer."""
+    for m in module.modules():
+        if isinstance(m, nn.Linear):
+            return m.in_features
+        if isinstance(m, nn.modules.conv._ConvNd):
+            return m.in_channels
+    raise DomaingenError(f"cannot mask the input of {type(module).__name__}: it holds no Linear or convolution layer")
+
+
+def parse_mask_layers(spec: str, algorithm: nn.Module, featurizer: nn.Module) -> list[str]:
+    """The dmg_layers hyperparameter ('auto' or comma-separated module names) -> validated names."""
+    if str(spec).strip() == "auto":
+        return auto_mask_layers(featurizer)
+    names = [part.strip() for part in str(spec).split(",") if part.strip()]
+    modules = dict(algorithm.named_modules())
+    if not names:
+        raise DomaingenError("dmg_layers is empty; use 'auto' or comma-separated module names such as 'classifier'")
+    if len(set(names)) < len(names):
+        raise DomaingenError(f"dmg_layers names a module twice: {spec!r}")
+    for name in names:
+        if name not in modules or name in ("", "network", "masks") or name.startswith(("network.", "masks")):
+            examples = [n for n, m in modules.items() if isinstance(m, (nn.Linear, nn.Conv2d)) and not n.startswith("network")]
+            shown = ", ".join(examples[:8]) + (", ..." if len(examples) > 8 else "")
+            raise DomaingenError(f"unknown module '{name}' in dmg_layers; valid names include {shown}")
+    return names
+
+
+@ALGORITHMS.register("DMG")
+class DMG(FeaturizerClassifier):
+    """Cross-entropy under per-domain straight-through Bernoulli neuron masks + lambda_O * soft-IoU overlap."""
+
+    HPARAMS = {
+        "dmg_lambda_o": HParam(0.1, log_uniform_or_zero(-5, 0, 0.2), "weight lambda_O of the soft-IoU mask overlap penalty"),
+        "dmg_mask_lr": HParam(1e-3, log_uniform(-4, -2), "Adam learning rate of the mask logits"),
+        "dmg_layers": HParam("auto", None, "masked module inputs: 'auto' or comma-separated module names"),
+    }
+    EVAL_MODES = {"mask_ens": False, "kd": True}
+
+    def __init__(self, input_shape, num_classes, num_domains, hparams) -> None:
+        super().__init__(input_shape, num_classes, num_domains, hparams)
+        self.mask_layers = parse_mask_layers(self.hparams["dmg_layers"], self, self.featurizer)
+        modules = dict(self.named_modules())
+        self.masks = DomainNeuronMasks([input_width(modules[name]) for name in self.mask_layers], num_domains)
+        self._active_masks: list[torch.Tensor] | None = None
+        for index, name in enumerate(self.mask_layers):
+            modules[name].register_forward_pre_hook(functools.partial(self._mask_input, index))
+        self.optimizer = make_adam(
+            [
+                {"params": self.network.parameters()},
+                {"params": self.masks.parameters(), "lr": float(self.hparams["dmg_mask_lr"]), "weight_decay": 0.0},
+            ],
+            self.hparams,
+        )
+        # mask samples come from the algorithm's own generator, saved with checkpoints, so
+        # that a resumed run draws the same masks as an uninterrupted one
+        self._mask_seed = int(torch.randint(2**31 - 1, ()).item())
+        self._generator: torch.Generator | None = None
+
+    # --- the masked forward pass ---
+
+    def _mask_input(self, index: int, module: nn.Module, args: tuple) -> tuple | None:
+        """Forward pre-hook: multiply the module's input by the active mask of layer `index`."""
+        if self._active_masks is None:
+            return None  # the bare network, without masks
+        x, mask = args[0], self._active_masks[index]
+        if mask.shape[0] != x.shape[0]:  # Pred-Ens: tile the batch over the domains, domain-major
+            x = x.repeat(mask.shape[0] // x.shape[0], *([1] * (x.dim() - 1)))
+        mask = mask.to(x.dtype).view(*mask.shape, *([1] * (x.dim() - 2)))
+        return (x * mask, *args[1:])
+
+    def _masked_forward(self, x: torch.Tensor, masks: Sequence[torch.Tensor]) -> torch.Tensor:
+        """Logits with one [rows, width] mask per masked layer (rows: len(x), or a multiple for Pred-Ens)."""
+        self._active_masks = list(masks)
+        try:
+            return self.network(x)
+        finally:
+            self._active_masks = None
+
+    def _mask_generator(self, device: torch.device) -> torch.Generator:
+        if self._generator is None or self._generator.device != device:
+            self._generator = torch.Generator(device=device)
+            self._generator.manual_seed(self._mask_seed)
+        return self._generator
+
+    def domain_labels(self, minibatches: Minibatches) -> torch.Tensor:
+        """Each example's domain index: minibatch d holds domain d's examples."""
+        y = minibatches[0][1]
+        return torch.cat([torch.full((len(yb),), d, dtype=torch.long, device=y.device) for d, (_, yb) in enumerate(minibatches)])
+
+    # --- training ---
+
+    def update(self, minibatches: Minibatches) -> dict[str, float]:
+        if len(minibatches) != self.num_domains:
+            raise DomaingenError(f"DMG was built for {self.num_domains} training domains but got {len(minibatches)} minibatches")
+        x, y = concat(minibatches)
+        domains = self.domain_labels(minibatches)
+        generator = self._mask_generator(x.device)
+        masks = [straight_through_bernoulli(probs[domains], generator) for probs in self.masks.probs()]
+        nll = F.cross_entropy(self._masked_forward(x, masks), y)
+        penalty = self.masks.overlap_penalty()
+        loss = nll + float(self.hparams["dmg_lambda_o"]) * penalty
+        self.step(loss)
+        return {"loss": loss.item(), "nll": nll.item(), "penalty": penalty.item()}
+
+    # --- prediction ---
+
+    def predict(
+        self, x: torch.Tensor, domain: int | torch.Tensor | None = None, mode: str | None = None
+    ) -> torch.Tensor:
+        """Logits. Default mode: Pred-Ens without `domain`, known-domain (KD) with it."""
+        if mode is None:
+            mode = "pred_ens" if domain is None else "kd"
+        return self.predict_mode(x, mode, domain)
+
+    def predict_mode(self, x: torch.Tensor, mode: str, domain: int | torch.Tensor | None = None) -> torch.Tensor:
+        """Logits in one test-time mode: 'pred_ens', 'mask_ens' or 'kd' (needs `domain`)."""
+        if mode not in MODES:
+            raise DomaingenError(f"unknown DMG test-time mode '{mode}'; valid modes: {', '.join(MODES)}")
+        probs = self.masks.probs()
+        n = x.shape[0]
+        if mode == "kd":
+            index = self._domain_index(domain, n, x.device)
+            return self._masked_forward(x, [p[index] for p in probs])
+        if mode == "mask_ens":
+            return self._masked_forward(x, [p.mean(0).expand(n, -1) for p in probs])
+        chunk = max(1, PRED_ENS_MAX_ROWS // self.num_domains)
+        return torch.cat([self._pred_ens(part, probs) for part in x.split(chunk)]) if n else self._pred_ens(x, probs)
+
+    def _pred_ens(self, x: torch.Tensor, probs: Sequence[torch.Tensor]) -> torch.Tensor:
+        """Mean over domains of the logits under each domain's soft mask, in one tiled pass."""
+        n = x.shape[0]
+        logits = self._masked_forward(x, [p.repeat_interleave(n, dim=0) for p in probs])
+        return logits.view(self.num_domains, n, -1).mean(0)
+
+    def _domain_index(self, domain: int | torch.Tensor | None, n: int, device: torch.device) -> torch.Tensor:
+        """`domain` (one index, or one per example) as a [n] index tensor, checked against the domain count."""
+        if domain is None:
+            raise DomaingenError(
+                "DMG known-domain (kd) mode needs the examples' domain labels: "
+                "pass domain= a training-domain index or a tensor of one index per example"
+            )
+        index = torch.as_tensor(domain, device=device)
+        if index.is_floating_point() or index.dtype == torch.bool:
+            raise DomaingenError(f"domain must hold integer indices, got dtype {index.dtype}")
+        index = index.long()
+        if index.dim() == 0:
+            index = index.expand(n)
+        if index.shape != (n,):
+            raise DomaingenError(f"domain must be one index or one per example ({n}), got shape {tuple(index.shape)}")
+        if n and (int(index.min()) < 0 or int(index.max()) >= self.num_domains):
+            bad = int(index.min()) if int(index.min()) < 0 else int(index.max())
+            raise DomaingenError(
+                f"domain index {bad} is out of range: DMG was trained on {self.num_domains} domains "
+                f"(valid indices 0..{self.num_domains - 1})"
+            )
+        return index
+
+    # --- records and checkpoints ---
+
+    def diagnostics(self) -> dict[str, Any]:
+        """Per masked layer k: dmg_layer{k}_{iou,active,shared,specific,unused}; dmg_iou, the mean over layers."""
+        stats = self.masks.statistics()
+        out: dict[str, Any] = {f"dmg_layer{k}_{key}": value for k, layer in enumerate(stats) for key, value in layer.items()}
+        out["dmg_iou"] = sum(layer["iou"] for layer in stats) / len(stats)
+        return out
+
+    def checkpoint_state(self) -> dict[str, Any]:
+        state = super().checkpoint_state()
+        state["mask_rng"] = self._mask_generator(self.masks.logits[0].device).get_state()
+        return state
+
+    def load_checkpoint_state(self, state) -> None:
+        super().load_checkpoint_state(state)
+        if "mask_rng" in state:
+            self._mask_generator(self.masks.logits[0].device).set_state(state["mask_rng"].clone())
