@@ -54,8 +54,9 @@ def test_builds_updates_and_predicts(name, shape):
 
 @pytest.mark.parametrize("name", ALL_ALGORITHMS)
 def test_loss_falls_on_separable_problem(name):
+    # the update rule is under test, not the featurizer (every featurizer runs in the build test)
     shape = (2, 14, 14)
-    algorithm = build(name, shape)
+    algorithm = build(name, shape, featurizer="MLP", mlp_width=64)
     held_out = separable_batches(shape, n=64, seed=99)
     x_eval = torch.cat([x for x, _ in held_out])
     y_eval = torch.cat([y for _, y in held_out])
@@ -76,7 +77,7 @@ def test_equal_seeds_give_equal_results(name):
     shape = (2, 14, 14)
     outputs = []
     for _ in range(2):
-        algorithm = build(name, shape, seed=5)
+        algorithm = build(name, shape, seed=5, featurizer="MLP", mlp_width=64)
         losses = [algorithm.update(separable_batches(shape, seed=s)) for s in range(3)]
         outputs.append((losses, algorithm.predict(separable_batches(shape, seed=9)[0][0])))
     assert outputs[0][0] == outputs[1][0]
@@ -98,4 +99,7 @@ def test_checkpoint_state_round_trip_continues_identically(name):
     torch.manual_seed(3)
     assert losses_a == b.update(batch)
     x = batch[0][0]
-    assert torch.equal(a.predict(x), b.predict(x))
+    torch.manual_seed(4)  # training-mode predictions may sample (masks, dropout)
+    logits_a = a.predict(x)
+    torch.manual_seed(4)
+    assert torch.equal(logits_a, b.predict(x))

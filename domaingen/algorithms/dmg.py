@@ -18,7 +18,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from domaingen.algorithms.base import ALGORITHMS, FeaturizerClassifier, Minibatches, concat, make_adam
+from domaingen.algorithms.base import (
+    ALGORITHMS,
+    FeaturizerClassifier,
+    Minibatches,
+    classification_loss,
+    concat,
+    make_adam,
+)
 from domaingen.errors import DomaingenError
 from domaingen.hparams import HParam, log_uniform, log_uniform_or_zero
 from domaingen.masks import DomainNeuronMasks, straight_through_bernoulli
@@ -151,7 +158,7 @@ class DMG(FeaturizerClassifier):
         domains = self.domain_labels(minibatches)
         generator = self._mask_generator(x.device)
         masks = [straight_through_bernoulli(probs[domains], generator) for probs in self.masks.probs()]
-        nll = F.cross_entropy(self._masked_forward(x, masks), y)
+        nll = classification_loss(self._masked_forward(x, masks), y)
         penalty = self.masks.overlap_penalty()
         loss = nll + float(self.hparams["dmg_lambda_o"]) * penalty
         self.step(loss)
