@@ -47,8 +47,8 @@ def replace_flag(argv: list[str], flag: str, value: str) -> list[str]:
 
 
 BAD_INPUTS = [
-    ("--algorithm", "ERN", "unknown algorithm 'ERN'; valid algorithms: ERM, "),
-    ("--dataset", "CMNIST", "unknown dataset 'CMNIST'; valid datasets: ColoredMNIST, RotatedMNIST"),
+    ("--algorithm", "ERN", "unknown algorithm 'ERN'; valid algorithms: DMG, ERM, Fish"),
+    ("--dataset", "CMNIST", "unknown dataset 'CMNIST'; valid datasets: ColoredMNIST, IRMColoredMNIST, RotatedMNIST"),
     ("--test_envs", "3", "test environment 3 is out of range for ColoredMNIST, which has 3 environments"),
     ("--hparams", '{"lr": ', "--hparams is not valid JSON"),
     ("--hparams", '{"learning_rate": 0.1}', "unknown hyperparameter(s) learning_rate; valid names:"),
