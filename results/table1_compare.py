@@ -1,3 +1,9 @@
+"""ModReg Table 1, MLP part: our final-step accuracies beside the published ones.
+
+Usage: python results/table1_compare.py SWEEP_DIR  (a run of sweeps/modreg_table1.toml). Our cells are
+mean ± sample std over restarts (the IRM paper's convention) with the standard error; the
+published numbers are those quoted in the project's REFERENCE.md.
+"""
 import sys
 import numpy as np
 from tabulate import tabulate
