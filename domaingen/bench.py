@@ -6,6 +6,7 @@ Run with DOMAINGEN_DATA pointing at real MNIST: python -m domaingen.bench [--onl
 from __future__ import annotations
 
 import argparse
+import statistics
 import time
 from typing import Callable
 
@@ -18,6 +19,24 @@ from domaingen.evaluation import autocast_context, evaluate
 from domaingen.hparams import draw_hparams
 from domaingen.networks import place_model, resolve_device
 from domaingen.training import MinibatchSampler, peak_memory_gb
+
+
+def cpu_time_counters() -> tuple[int, int] | None:
+    """(steal, total) jiffies of all CPUs from /proc/stat; None where there is no /proc/stat."""
+    try:
+        with open("/proc/stat") as stat:
+            fields = [int(v) for v in stat.readline().split()[1:]]
+    except (OSError, ValueError):
+        return None
+    # user nice system idle iowait irq softirq steal [guest guest_nice: already in user/nice]
+    return fields[7] if len(fields) > 7 else 0, sum(fields[:8])
+
+
+def steal_fraction(before: tuple[int, int] | None, after: tuple[int, int] | None) -> float | None:
+    """Share of CPU time the hypervisor gave to other guests between two `cpu_time_counters` readings."""
+    if before is None or after is None or after[1] <= before[1]:
+        return None
+    return (after[0] - before[0]) / (after[1] - before[1])
 
 
 def timed(fn: Callable[[], object], repeat: int = 1) -> float:
@@ -40,27 +59,45 @@ def bench_training(data_dir: str, algorithm: str, steps: int, skip_fp32_eval: bo
     space = {**DATASETS.get("ColoredMNIST").hparam_space(), **ALGORITHMS.get(algorithm).hparam_space()}
     hparams = draw_hparams(space, algorithm, "ColoredMNIST", 0)
     splits = split_environments(dataset, 0.2, 0)
-    step_times = {}
+    n_images = sum(len(s_in) + len(s_out) for s_in, s_out in splits)
+    models, steps_of = {}, {}
     for precision in ("fp32", "bf16"):
         torch.manual_seed(0)
         model = ALGORITHMS.get(algorithm)(dataset.input_shape, dataset.num_classes, 2, hparams)
-        model = place_model(model, device, dataset.input_shape)
+        models[precision] = place_model(model, device, dataset.input_shape)
         sampler = MinibatchSampler([s_in for s_in, _ in splits[:2]], hparams["batch_size"], 0, device)
 
-        def step() -> None:
+        def step(model=models[precision], sampler=sampler, precision=precision) -> None:
             with autocast_context(device, precision):
                 model.update(sampler.next())
 
-        timed(step, 3)  # warm-up: oneDNN picks and caches its kernels
-        step_times[precision] = timed(step, steps)
+        steps_of[precision] = step
+    # fp32 and bf16 steps alternate and medians are compared, so a change in the load of a
+    # shared machine affects both alike; CPU time leaves out time stolen by other guests.
+    wall: dict[str, list[float]] = {p: [] for p in models}
+    cpu: dict[str, list[float]] = {p: [] for p in models}
+    for i in range(steps + 3):
+        for precision, step in steps_of.items():
+            start, cpu_start = time.perf_counter(), time.process_time()
+            step()
+            if i >= 3:  # warm-up: oneDNN picks and caches its kernels
+                wall[precision].append(time.perf_counter() - start)
+                cpu[precision].append(time.process_time() - cpu_start)
+    median = {p: statistics.median(wall[p]) for p in models}
+    for precision in models:
         rows.append([f"{algorithm} train step, {precision} (64 per env x 2 envs)",
-                     f"{step_times[precision] * 1000:.0f} ms = {1 / step_times[precision]:.2f} steps/s"])
+                     f"{median[precision] * 1000:.0f} ms = {1 / median[precision]:.2f} steps/s"])
+    rows.append(["bf16 step / fp32 step",
+                 f"{median['bf16'] / median['fp32']:.0%} "
+                 f"(CPU time {statistics.median(cpu['bf16']) / statistics.median(cpu['fp32']):.0%})"])
+    for precision in ("fp32", "bf16"):
         if precision == "fp32" and skip_fp32_eval:
             continue
-        n_images = sum(len(s_in) + len(s_out) for s_in, s_out in splits)
-        eval_time = timed(lambda: evaluate(model, splits, device, precision))
-        rows.append([f"full evaluation, {precision} ({n_images} images, all splits)", f"{eval_time:.1f} s"])
-    rows.append(["bf16 step / fp32 step", f"{step_times['bf16'] / step_times['fp32']:.0%}"])
+        start, cpu_start = time.perf_counter(), time.process_time()
+        evaluate(models[precision], splits, device, precision)
+        rows.append([f"full evaluation, {precision} ({n_images} images, all splits)",
+                     f"{time.perf_counter() - start:.1f} s (CPU time {time.process_time() - cpu_start:.1f} s "
+                     f"over {torch.get_num_threads()} threads)"])
     rows.append(["peak memory (process RSS, or CUDA allocated)", f"{peak_memory_gb(device):.2f} GB"])
     return rows
 
@@ -113,30 +150,33 @@ def bench_overhead(algorithm: str, base: str, steps: int) -> list[list]:
     """`algorithm`'s train step against `base`'s on MNIST_CNN (64 per env x 2 envs): time and memory.
 
     Steps of the two alternate in one process and the medians are compared, so a
-    machine whose load changes affects both alike. Memory: the peak a step allocates
-    plus parameters, gradients and optimizer state.
+    machine whose load changes affects both alike; the ratio of the processes' CPU
+    times is printed too, since it leaves out time stolen by other guests of a shared
+    host. Memory: the peak a step allocates plus parameters, gradients and optimizer state.
     """
-    import statistics
-
     device = resolve_device("auto")
     rows = []
     for precision in ("fp32", "bf16"):
         models = {name: _overhead_model(name, device) for name in (base, algorithm)}
         times: dict[str, list[float]] = {name: [] for name in models}
+        cpu_times: dict[str, list[float]] = {name: [] for name in models}
         for i in range(steps + 3):
             for name, (model, batches) in models.items():
-                start = time.perf_counter()
+                start, cpu_start = time.perf_counter(), time.process_time()
                 with autocast_context(device, precision):
                     model.update(batches)
                 if i >= 3:  # warm-up: oneDNN picks and caches its kernels
                     times[name].append(time.perf_counter() - start)
+                    cpu_times[name].append(time.process_time() - cpu_start)
         memory = {name: step_memory_mb(*models[name], device, precision) + state_memory_mb(models[name][0])
                   for name in models}
         t_base, t_alg = statistics.median(times[base]), statistics.median(times[algorithm])
         rows.append([f"{base} step, {precision}, MNIST_CNN", f"{t_base * 1000:.0f} ms, {memory[base]:.0f} MB"])
         rows.append([f"{algorithm} step, {precision}, MNIST_CNN", f"{t_alg * 1000:.0f} ms, {memory[algorithm]:.0f} MB"])
+        cpu_ratio = statistics.median(cpu_times[algorithm]) / statistics.median(cpu_times[base])
         rows.append([f"{algorithm} / {base}, {precision}",
-                     f"time {t_alg / t_base:.2f}x, memory {memory[algorithm] / max(memory[base], 1e-9):.2f}x"])
+                     f"time {t_alg / t_base:.2f}x (CPU time {cpu_ratio:.2f}x), "
+                     f"memory {memory[algorithm] / max(memory[base], 1e-9):.2f}x"])
     return rows
 
 
@@ -303,6 +343,7 @@ def main(argv: list[str] | None = None) -> int:
     ns = parser.parse_args(argv)
     data_dir = resolve_data_dir(ns.data_dir)
     print(f"device {resolve_device('auto')}, {torch.get_num_threads()} torch threads, torch {torch.__version__}")
+    counters_at_start = cpu_time_counters()
     rows = []
     if ns.only in (None, "bookkeeping"):
         rows += bench_bookkeeping()
@@ -315,6 +356,10 @@ def main(argv: list[str] | None = None) -> int:
         rows += bench_images(ns.workers)
     if ns.only in (None, "dmg"):
         rows += bench_dmg(data_dir, max(1, ns.steps // 2))
+    steal = steal_fraction(counters_at_start, cpu_time_counters())
+    if steal is not None:
+        # On a shared virtual machine the wall times above include the time other guests held the CPUs.
+        rows.append(["CPU steal during the benchmark (other guests of the host)", f"{steal:.0%}"])
     print(tabulate(rows, headers=["measure", "value"]))
     return 0
 
