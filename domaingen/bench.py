@@ -1,6 +1,6 @@
 """`make bench`: the speed and memory figures the issues ask for (not timed assertions).
 
-Run with DOMAINGEN_DATA pointing at real MNIST: python -m domaingen.bench [--only training|bookkeeping|overhead|images|dmg]
+Run with DOMAINGEN_DATA pointing at real MNIST: python -m domaingen.bench [--only training|floor|bookkeeping|overhead|images|dmg]
 """
 
 from __future__ import annotations
@@ -11,13 +11,14 @@ import time
 from typing import Callable
 
 import torch
+from torch import nn
 from tabulate import tabulate
 
 from domaingen.algorithms import ALGORITHMS
 from domaingen.datasets import DATASETS, resolve_data_dir, split_environments
-from domaingen.evaluation import autocast_context, evaluate
+from domaingen.evaluation import EVAL_BATCH_SIZE, autocast_context, evaluate
 from domaingen.hparams import draw_hparams
-from domaingen.networks import place_model, resolve_device
+from domaingen.networks import MNIST_CNN, place_model, resolve_device, to_device
 from domaingen.training import MinibatchSampler, peak_memory_gb
 
 
@@ -100,6 +101,47 @@ def bench_training(data_dir: str, algorithm: str, steps: int, skip_fp32_eval: bo
                      f"over {torch.get_num_threads()} threads)"])
     rows.append(["peak memory (process RSS, or CUDA allocated)", f"{peak_memory_gb(device):.2f} GB"])
     return rows
+
+
+def bench_convolution_floor(steps: int) -> list[list]:
+    """MNIST_CNN with its ReLUs and GroupNorms replaced by Identity: what the convolutions alone cost.
+
+    A lower bound for the full network's evaluation time and the bf16/fp32 step ratio on
+    this machine (the data, head and pooling are the same as in `bench_training`).
+    """
+    device = resolve_device("auto")
+    torch.manual_seed(0)
+    network = MNIST_CNN((2, 28, 28))
+    for i, layer in enumerate(network.layers):
+        if not isinstance(layer, nn.Conv2d):
+            network.layers[i] = nn.Identity()
+    model = nn.Sequential(network, nn.Linear(MNIST_CNN.n_outputs, 2))
+    model = place_model(model, device, (2, 28, 28))
+    x = torch.rand(8192, 2, 28, 28)
+    model.eval()
+    with torch.inference_mode(), autocast_context(device, "bf16"):
+        model(to_device(x[:EVAL_BATCH_SIZE], device))
+        start = time.perf_counter()
+        for first in range(0, len(x), EVAL_BATCH_SIZE):
+            model(to_device(x[first:first + EVAL_BATCH_SIZE], device))
+        eval_time = (time.perf_counter() - start) * 70_000 / len(x)
+    model.train()
+    optimizer = torch.optim.Adam(model.parameters())
+    batch, labels = to_device(x[:128], device), torch.randint(0, 2, (128,), device=device)
+    times: dict[str, list[float]] = {"fp32": [], "bf16": []}
+    for i in range(steps + 3):
+        for precision in times:
+            start = time.perf_counter()
+            with autocast_context(device, precision):
+                loss = nn.functional.cross_entropy(model(batch).float(), labels)
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            if i >= 3:
+                times[precision].append(time.perf_counter() - start)
+    ratio = statistics.median(times["bf16"]) / statistics.median(times["fp32"])
+    return [["convolutions only: evaluation of 70000 images, bf16 (lower bound)", f"{eval_time:.1f} s"],
+            ["convolutions only: bf16 step / fp32 step (128 images)", f"{ratio:.0%}"]]
 
 
 def _overhead_model(name: str, device: torch.device):
@@ -335,7 +377,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--algorithm", default="ERM")
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--skip_fp32_eval", action="store_true", help="the fp32 evaluation takes minutes on 2 cores")
-    parser.add_argument("--only", choices=["training", "bookkeeping", "overhead", "images", "dmg"], default=None)
+    parser.add_argument("--only", choices=["training", "floor", "bookkeeping", "overhead", "images", "dmg"], default=None)
     parser.add_argument("--overhead", nargs="+", default=["ERM+ModReg"],
                         help="algorithms whose step is compared with --base (the overhead section)")
     parser.add_argument("--base", default="ERM")
@@ -349,6 +391,8 @@ def main(argv: list[str] | None = None) -> int:
         rows += bench_bookkeeping()
     if ns.only in (None, "training"):
         rows += bench_training(data_dir, ns.algorithm, ns.steps, ns.skip_fp32_eval)
+    if ns.only in (None, "training", "floor"):
+        rows += bench_convolution_floor(max(3, ns.steps // 2))
     if ns.only in (None, "overhead"):
         for algorithm in ns.overhead:
             rows += bench_overhead(algorithm, ns.base, ns.steps)
