@@ -16,7 +16,7 @@ from tabulate import tabulate
 
 from domaingen.algorithms import ALGORITHMS
 from domaingen.datasets import DATASETS, resolve_data_dir, split_environments
-from domaingen.evaluation import EVAL_BATCH_SIZE, autocast_context, evaluate
+from domaingen.evaluation import EVAL_BATCH_SIZE, CompiledPredict, autocast_context, evaluate
 from domaingen.hparams import draw_hparams
 from domaingen.networks import MNIST_CNN, place_model, resolve_device, to_device
 from domaingen.training import MinibatchSampler, peak_memory_gb
@@ -99,6 +99,14 @@ def bench_training(data_dir: str, algorithm: str, steps: int, skip_fp32_eval: bo
         rows.append([f"full evaluation, {precision} ({n_images} images, all splits)",
                      f"{time.perf_counter() - start:.1f} s (CPU time {time.process_time() - cpu_start:.1f} s "
                      f"over {torch.get_num_threads()} threads)"])
+    predict = CompiledPredict(models["bf16"])
+    start = time.perf_counter()
+    evaluate(models["bf16"], splits, device, "bf16", predict=predict)
+    first = time.perf_counter() - start
+    start = time.perf_counter()
+    evaluate(models["bf16"], splits, device, "bf16", predict=predict)
+    rows.append([f"full evaluation, bf16, --compile_eval ({n_images} images)",
+                 f"{time.perf_counter() - start:.1f} s (first one, compiling: {first:.1f} s)"])
     rows.append(["peak memory (process RSS, or CUDA allocated)", f"{peak_memory_gb(device):.2f} GB"])
     return rows
 

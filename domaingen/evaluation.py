@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import contextlib
-from typing import Iterable, Sequence
+import logging
+from typing import Callable, Iterable, Sequence
 
 import torch
 
@@ -14,12 +15,52 @@ from domaingen.networks import to_device
 
 EVAL_BATCH_SIZE = 2048
 
+log = logging.getLogger(__name__)
+
+Predict = Callable[[torch.Tensor], torch.Tensor]
+
 
 def autocast_context(device: torch.device, precision: str) -> contextlib.AbstractContextManager:
     """bf16 autocast for --precision bf16 (AMX on recent Intel CPUs, or a GPU); a no-op for fp32."""
     if precision == "bf16":
         return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
     return contextlib.nullcontext()
+
+
+class CompiledPredict:
+    """`algorithm.predict` through torch.compile, for evaluation (`--compile_eval`).
+
+    Inductor fuses the memory-bound layers (ReLU, GroupNorm) that cost a CPU as much as
+    the convolutions. Every batch is padded to `batch_size` rows, so one compiled graph
+    serves a whole evaluation: a shorter last batch would otherwise compile again for
+    each new length. If compilation fails (no C++ compiler, a backend torch cannot
+    compile for), one warning is logged and evaluation goes on eagerly.
+    """
+
+    def __init__(self, algorithm: Algorithm, batch_size: int = EVAL_BATCH_SIZE) -> None:
+        self.algorithm = algorithm
+        self.batch_size = batch_size
+        self.compiled: Predict | None = torch.compile(algorithm.predict, dynamic=False)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if self.compiled is None:
+            return self.algorithm.predict(x)
+        if x.shape[0] > self.batch_size:
+            return torch.cat([self(part) for part in x.split(self.batch_size)])
+        n = x.shape[0]
+        if n < self.batch_size:
+            padding = x[:1].expand(self.batch_size - n, *x.shape[1:])
+            channels_last = x.dim() == 4 and x.is_contiguous(memory_format=torch.channels_last)
+            x = torch.cat([x, padding])
+            if channels_last:
+                x = x.contiguous(memory_format=torch.channels_last)
+        try:
+            return self.compiled(x)[:n]
+        except Exception as exc:  # any compiler failure; a genuine error recurs in the eager call below
+            log.warning("torch.compile failed for evaluation (%s: %s); evaluating without it",
+                        type(exc).__name__, str(exc).splitlines()[0] if str(exc) else "")
+            self.compiled = None
+            return self.algorithm.predict(x[:n])
 
 
 def predicted_labels(logits: torch.Tensor) -> torch.Tensor:
@@ -42,16 +83,19 @@ def split_predictions(
     precision: str = "fp32",
     mode: str | None = None,
     domain: int | None = None,
+    predict: Predict | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(predicted labels, true labels) over `batches`, on the CPU.
 
-    `mode` names one of the algorithm's EVAL_MODES (None: its default `predict`).
+    `mode` names one of the algorithm's EVAL_MODES (None: its default `predict`, or
+    `predict` when given, e.g. a `CompiledPredict`).
     """
     predicted, labels = [], []
+    default_predict = predict or algorithm.predict
     for x, y in batches:
         with autocast_context(device, precision):
             x = to_device(x, device)
-            logits = algorithm.predict(x) if mode is None else algorithm.predict_mode(x, mode, domain)
+            logits = default_predict(x) if mode is None else algorithm.predict_mode(x, mode, domain)
         predicted.append(predicted_labels(logits.float()).cpu())
         labels.append(y.cpu())
     if not predicted:
@@ -88,6 +132,7 @@ def evaluate(
     batch_size: int = EVAL_BATCH_SIZE,
     dataset: MultiDomainDataset | None = None,
     env_domains: Sequence[int | None] | None = None,
+    predict: Predict | None = None,
 ) -> dict[str, float]:
     """{'env{i}_in_acc', 'env{i}_out_acc'} for every environment, in eval mode without autograd.
 
@@ -95,7 +140,8 @@ def evaluate(
     DataLoader workers) and its `environment_metrics` adds its own fields. For each of
     the algorithm's EVAL_MODES also 'env{i}_in_acc_{mode}' and 'env{i}_out_acc_{mode}';
     a mode that needs the domain index is reported only for the environments whose
-    `env_domains` entry (see `training_domains`) is not None.
+    `env_domains` entry (see `training_domains`) is not None. `predict` replaces
+    `algorithm.predict` for the default mode (see `CompiledPredict`).
     """
     was_training = algorithm.training
     algorithm.eval()
@@ -112,7 +158,7 @@ def evaluate(
                     predicted = []
                     for name, split in (("in", split_in), ("out", split_out)):
                         batches = dataset.eval_batches(split, batch_size) if dataset is not None else _slices(split, batch_size)
-                        pred, labels = split_predictions(algorithm, batches, device, precision, mode, domain)
+                        pred, labels = split_predictions(algorithm, batches, device, precision, mode, domain, predict)
                         accuracy = int((pred == labels).sum()) / len(split) if len(split) else float("nan")
                         results[f"env{i}_{name}_acc{suffix}"] = accuracy
                         predicted.append(pred)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
+import os
 import resource
 import time
 from dataclasses import dataclass, field
@@ -16,7 +17,7 @@ from domaingen.algorithms import ALGORITHMS, Algorithm
 from domaingen.datasets import DATASETS, MultiDomainDataset, resolve_data_dir, split_environments
 from domaingen.datasets.sampling import MinibatchSampler  # noqa: F401  (re-exported: bench and older code import it here)
 from domaingen.errors import DomaingenError
-from domaingen.evaluation import autocast_context, evaluate, training_domains
+from domaingen.evaluation import CompiledPredict, autocast_context, evaluate, training_domains
 from domaingen.hparams import apply_overrides, draw_hparams, parse_overrides, seed_hash
 from domaingen.networks import place_model, resolve_device
 from domaingen.rundir import DONE_STATE, FAILED_STATE, LOG, RunDirectory
@@ -25,7 +26,18 @@ log = logging.getLogger(__name__)
 
 PRECISIONS = ("fp32", "bf16")
 # Arguments that do not change what a run computes, so a rerun may differ in them.
-NON_IDENTITY_ARGS = ("output_dir", "data_dir", "device")
+NON_IDENTITY_ARGS = ("output_dir", "data_dir", "device", "compile_eval")
+COMPILE_EVAL_ENV = "DOMAINGEN_COMPILE_EVAL"
+
+
+def compile_eval_default() -> bool:
+    """$DOMAINGEN_COMPILE_EVAL as a bool (unset: False), so sweep jobs can inherit it."""
+    value = os.environ.get(COMPILE_EVAL_ENV, "").strip().lower()
+    if value in ("", "0", "false", "no", "off"):
+        return False
+    if value in ("1", "true", "yes", "on"):
+        return True
+    raise DomaingenError(f"{COMPILE_EVAL_ENV} must be 1 or 0 (or true/false), got {value!r}")
 
 
 class DivergedError(DomaingenError):
@@ -50,6 +62,7 @@ class TrainConfig:
     holdout_fraction: float = 0.2
     precision: str = "fp32"
     device: str = "auto"
+    compile_eval: bool | None = None  # None: $DOMAINGEN_COMPILE_EVAL (1 = on), else off
 
 
 @dataclass
@@ -101,6 +114,7 @@ def resolve(config: TrainConfig) -> ResolvedRun:
         checkpoint_freq=freq,
         data_dir=resolve_data_dir(config.data_dir),
         embedded_data=resolve_data_dir(config.data_dir) == "embedded",
+        compile_eval=compile_eval_default() if config.compile_eval is None else bool(config.compile_eval),
     )
     return ResolvedRun(args, hparams, dataset_cls, algorithm_cls)
 
@@ -179,6 +193,8 @@ def _train_loop(
     train_splits = [s_in for i, (s_in, _) in enumerate(splits) if i not in args["test_envs"]]
     algorithm = run.algorithm_cls(dataset.input_shape, dataset.num_classes, len(train_splits), hparams)
     algorithm = place_model(algorithm, device, dataset.input_shape)
+    # One compiled graph for all checkpoints; it reads the parameters as they are at each call.
+    predict = CompiledPredict(algorithm) if args["compile_eval"] else None
     full_batch = bool(hparams.get("full_batch", False))
     sampler = dataset.minibatch_sampler(train_splits, hparams["batch_size"], args["seed"], device)
     start_step = _resume(rundir, algorithm, sampler)
@@ -200,7 +216,8 @@ def _train_loop(
                 "step": step,
                 "epoch": step / steps_per_epoch,
                 **{k: sum(v) / len(v) for k, v in pending.items()},
-                **evaluate(algorithm, splits, device, args["precision"], dataset=dataset, env_domains=env_domains),
+                **evaluate(algorithm, splits, device, args["precision"], dataset=dataset, env_domains=env_domains,
+                           predict=predict),
                 **algorithm.diagnostics(),
                 "mem_gb": peak_memory_gb(device),
                 "data_source": dataset.data_source,
