@@ -16,7 +16,7 @@ from tabulate import tabulate
 
 from domaingen.algorithms import ALGORITHMS
 from domaingen.datasets import DATASETS, resolve_data_dir, split_environments
-from domaingen.evaluation import EVAL_BATCH_SIZE, CompiledPredict, autocast_context, evaluate
+from domaingen.evaluation import ACCELERATOR_EVAL_BATCH_SIZE, CompiledPredict, autocast_context, eval_batch_size, evaluate
 from domaingen.hparams import draw_hparams
 from domaingen.networks import MNIST_CNN, place_model, resolve_device, to_device
 from domaingen.training import MinibatchSampler, peak_memory_gb
@@ -91,15 +91,21 @@ def bench_training(data_dir: str, algorithm: str, steps: int, skip_fp32_eval: bo
     rows.append(["bf16 step / fp32 step",
                  f"{median['bf16'] / median['fp32']:.0%} "
                  f"(CPU time {statistics.median(cpu['bf16']) / statistics.median(cpu['fp32']):.0%})"])
+    batch_size = eval_batch_size(device)
     for precision in ("fp32", "bf16"):
         if precision == "fp32" and skip_fp32_eval:
             continue
         start, cpu_start = time.perf_counter(), time.process_time()
         evaluate(models[precision], splits, device, precision)
-        rows.append([f"full evaluation, {precision} ({n_images} images, all splits)",
+        rows.append([f"full evaluation, {precision} ({n_images} images, all splits, batches of {batch_size})",
                      f"{time.perf_counter() - start:.1f} s (CPU time {time.process_time() - cpu_start:.1f} s "
                      f"over {torch.get_num_threads()} threads)"])
-    predict = CompiledPredict(models["bf16"])
+    if batch_size != ACCELERATOR_EVAL_BATCH_SIZE:
+        start = time.perf_counter()
+        evaluate(models["bf16"], splits, device, "bf16", batch_size=ACCELERATOR_EVAL_BATCH_SIZE)
+        rows.append([f"full evaluation, bf16, batches of {ACCELERATOR_EVAL_BATCH_SIZE} (the GPU size, for comparison)",
+                     f"{time.perf_counter() - start:.1f} s"])
+    predict = CompiledPredict(models["bf16"], batch_size)
     start = time.perf_counter()
     evaluate(models["bf16"], splits, device, "bf16", predict=predict)
     first = time.perf_counter() - start
@@ -127,11 +133,12 @@ def bench_convolution_floor(steps: int) -> list[list]:
     model = place_model(model, device, (2, 28, 28))
     x = torch.rand(8192, 2, 28, 28)
     model.eval()
+    batch_size = eval_batch_size(device)
     with torch.inference_mode(), autocast_context(device, "bf16"):
-        model(to_device(x[:EVAL_BATCH_SIZE], device))
+        model(to_device(x[:batch_size], device))
         start = time.perf_counter()
-        for first in range(0, len(x), EVAL_BATCH_SIZE):
-            model(to_device(x[first:first + EVAL_BATCH_SIZE], device))
+        for first in range(0, len(x), batch_size):
+            model(to_device(x[first:first + batch_size], device))
         eval_time = (time.perf_counter() - start) * 70_000 / len(x)
     model.train()
     optimizer = torch.optim.Adam(model.parameters())

@@ -17,7 +17,7 @@ from domaingen.algorithms import ALGORITHMS, Algorithm
 from domaingen.datasets import DATASETS, MultiDomainDataset, resolve_data_dir, split_environments
 from domaingen.datasets.sampling import MinibatchSampler  # noqa: F401  (re-exported: bench and older code import it here)
 from domaingen.errors import DomaingenError
-from domaingen.evaluation import CompiledPredict, autocast_context, evaluate, training_domains
+from domaingen.evaluation import CompiledPredict, autocast_context, eval_batch_size, evaluate, training_domains
 from domaingen.hparams import apply_overrides, draw_hparams, parse_overrides, seed_hash
 from domaingen.networks import place_model, resolve_device
 from domaingen.rundir import DONE_STATE, FAILED_STATE, LOG, RunDirectory
@@ -194,7 +194,7 @@ def _train_loop(
     algorithm = run.algorithm_cls(dataset.input_shape, dataset.num_classes, len(train_splits), hparams)
     algorithm = place_model(algorithm, device, dataset.input_shape)
     # One compiled graph for all checkpoints; it reads the parameters as they are at each call.
-    predict = CompiledPredict(algorithm) if args["compile_eval"] else None
+    predict = CompiledPredict(algorithm, eval_batch_size(device)) if args["compile_eval"] else None
     full_batch = bool(hparams.get("full_batch", False))
     sampler = dataset.minibatch_sampler(train_splits, hparams["batch_size"], args["seed"], device)
     start_step = _resume(rundir, algorithm, sampler)

@@ -1,0 +1,72 @@
+"""Evaluation batches: cache-sized on a CPU, large on an accelerator, and accuracies that do not depend on them."""
+
+from __future__ import annotations
+
+import torch
+
+from domaingen.datasets.base import Environment
+from domaingen.datasets.splits import Split
+from domaingen.evaluation import (
+    ACCELERATOR_EVAL_BATCH_SIZE,
+    CPU_EVAL_BATCH_SIZE,
+    eval_batch_size,
+    evaluate,
+    split_accuracy,
+)
+
+
+class LinearModel(torch.nn.Module):
+    """A fixed linear classifier with the Algorithm interface that `evaluate` uses; records batch sizes."""
+
+    EVAL_MODES: dict[str, bool] = {}
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = torch.nn.Linear(4, 3)
+        self.batch_sizes: list[int] = []
+
+    def predict(self, x: torch.Tensor) -> torch.Tensor:
+        self.batch_sizes.append(len(x))
+        return self.linear(x)
+
+
+def _split(n: int, seed: int) -> Split:
+    g = torch.Generator().manual_seed(seed)
+    env = Environment("toy", torch.randint(0, 256, (n, 4), dtype=torch.uint8, generator=g),
+                      torch.randint(0, 3, (n,), generator=g))
+    return Split(env, torch.randperm(n, generator=g))
+
+
+def test_batch_size_is_cache_sized_on_cpu_and_large_elsewhere():
+    assert eval_batch_size(torch.device("cpu")) == CPU_EVAL_BATCH_SIZE == 128
+    assert eval_batch_size(torch.device("cuda")) == ACCELERATOR_EVAL_BATCH_SIZE == 2048
+    assert eval_batch_size(torch.device("cuda:1")) == 2048
+
+
+def test_cpu_evaluation_uses_cpu_batches_and_equals_a_single_pass():
+    torch.manual_seed(0)
+    model = LinearModel()
+    splits = [(_split(300, 1), _split(75, 2)), (_split(260, 3), _split(0, 4))]
+    results = evaluate(model, splits, torch.device("cpu"))
+    # 300 = 128 + 128 + 44, 75, 260 = 128 + 128 + 4; the empty split is never predicted
+    assert model.batch_sizes == [128, 128, 44, 75, 128, 128, 4]
+    with torch.no_grad():
+        for i, (split_in, split_out) in enumerate(splits):
+            for name, split in (("in", split_in), ("out", split_out)):
+                if len(split) == 0:
+                    assert results[f"env{i}_{name}_acc"] != results[f"env{i}_{name}_acc"]  # NaN
+                    continue
+                x, y = split.env.x[split.index].float() / 255, split.env.y[split.index]
+                expected = int((model.linear(x).argmax(1) == y).sum()) / len(y)
+                assert results[f"env{i}_{name}_acc"] == expected
+                assert split_accuracy(model, split, torch.device("cpu")) == results[f"env{i}_{name}_acc"]
+
+
+def test_accuracies_do_not_depend_on_the_batch_size():
+    torch.manual_seed(0)
+    model = LinearModel()
+    splits = [(_split(1000, 5), _split(250, 6))]
+    small = evaluate(model, splits, torch.device("cpu"))
+    large = evaluate(model, splits, torch.device("cpu"), batch_size=ACCELERATOR_EVAL_BATCH_SIZE)
+    assert small == large
+    assert model.batch_sizes[-2:] == [1000, 250]
