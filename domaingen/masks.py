@@ -143,6 +143,59 @@ class _WeightMasked:
         return bias * self.sample_masks(self.bias_mask_logits)
 
 
+def _autocast_dtype(device_type: str) -> torch.dtype | None:
+    """The dtype autocast computes matmuls in on `device_type`, or None when autocast is off there."""
+    try:
+        enabled = torch.is_autocast_enabled(device_type)
+    except TypeError:  # torch < 2.4 takes no device type
+        enabled = torch.is_autocast_cpu_enabled() if device_type == "cpu" else torch.is_autocast_enabled()
+        return (torch.get_autocast_cpu_dtype() if device_type == "cpu" else torch.get_autocast_gpu_dtype()) if enabled else None
+    return torch.get_autocast_dtype(device_type) if enabled else None
+
+
+class _InterleavedGroupLinear(torch.autograd.Function):
+    """x @ W[g].T + b[g] for the rows of group g = row mod k, without regrouping the rows.
+
+    The rows of group g form a strided view of x (leading dimension k * in), which a
+    GEMM reads as it is and writes into the matching strided view of the output; a
+    batched matmul over groups would first copy them into group-major order, and the
+    copies cost as much as the matmuls on large (full-batch) inputs. `bias` is None,
+    one bias [out] for every group, or one per group [k, out].
+    """
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, weights: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:  # type: ignore[override]
+        k, n_out, n_in = weights.shape
+        rows = x.view(-1, k, n_in)
+        out = x.new_empty(rows.shape[0], k, n_out)
+        for g in range(k):
+            if bias is None:
+                torch.mm(rows[:, g], weights[g].t(), out=out[:, g])
+            else:
+                torch.addmm(bias[g] if bias.dim() == 2 else bias, rows[:, g], weights[g].t(), out=out[:, g])
+        ctx.save_for_backward(x, weights)
+        ctx.bias_shape = None if bias is None else bias.shape
+        return out.view(-1, n_out)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:  # type: ignore[override]
+        x, weights = ctx.saved_tensors
+        k, n_out, n_in = weights.shape
+        grad_rows = grad.contiguous().view(-1, k, n_out)
+        rows = x.view(-1, k, n_in)
+        grad_x = x.new_empty(rows.shape)
+        grad_weights = torch.empty_like(weights)
+        for g in range(k):
+            torch.mm(grad_rows[:, g], weights[g], out=grad_x[:, g])
+            torch.mm(grad_rows[:, g].t(), rows[:, g], out=grad_weights[g])
+        grad_bias = None
+        if ctx.bias_shape is not None:
+            grad_bias = grad_rows.sum(dim=0)  # [k, out]: one row per group's bias
+            if len(ctx.bias_shape) == 1:
+                grad_bias = grad_bias.sum(dim=0)
+        return grad_x.view(-1, n_in), grad_weights, grad_bias
+
+
 class MaskedLinear(nn.Linear, _WeightMasked):
     """nn.Linear with a per-weight Gumbel-sigmoid mask (see the module docstring)."""
 
@@ -154,12 +207,14 @@ class MaskedLinear(nn.Linear, _WeightMasked):
         flat = x.reshape(-1, x.shape[-1])
         flat, n = _pad_to_multiple(flat, k)
         weights = self.weight * self.sample_masks(self.mask_logits)  # [k, out, in]
-        grouped = flat.view(-1, k, flat.shape[-1]).transpose(0, 1)  # [k, n/k, in]
-        out = torch.bmm(grouped, weights.transpose(1, 2))
         bias = self.masked_bias(k)
-        if bias is not None:
-            out = out + (bias.unsqueeze(1) if bias.dim() == 2 else bias)
-        out = out.transpose(0, 1).reshape(-1, out.shape[-1])[:n]
+        # explicit out= matmuls are outside autocast's reach: cast as F.linear would be
+        dtype = _autocast_dtype(flat.device.type) or torch.promote_types(flat.dtype, weights.dtype)
+        out = _InterleavedGroupLinear.apply(
+            flat.contiguous().to(dtype), weights.to(dtype), None if bias is None else bias.to(dtype)
+        )
+        if n < out.shape[0]:
+            out = out[:n]
         return out.reshape(*lead, out.shape[-1])
 
 

@@ -111,6 +111,70 @@ def test_grouped_linear_uses_one_mask_per_interleaved_group(n):
     assert torch.allclose(layer(x), expected, atol=1e-5)
 
 
+def test_interleaved_group_matmul_backward_passes_gradcheck():
+    from domaingen.masks import _InterleavedGroupLinear
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(12, 5, dtype=torch.float64, generator=g, requires_grad=True)
+    weights = torch.randn(3, 4, 5, dtype=torch.float64, generator=g, requires_grad=True)
+    shared_bias = torch.randn(4, dtype=torch.float64, generator=g, requires_grad=True)
+    group_bias = torch.randn(3, 4, dtype=torch.float64, generator=g, requires_grad=True)
+    for bias in (None, shared_bias, group_bias):
+        assert torch.autograd.gradcheck(_InterleavedGroupLinear.apply, (x, weights, bias))
+
+
+@pytest.mark.parametrize("n", [8, 7])
+def test_grouped_linear_gradients_equal_the_per_example_loop(n):
+    torch.manual_seed(0)
+    layer = nn.Linear(6, 3)
+    add_weight_masks(layer, groups=4)
+    masks = _fixed_masks(layer, 4, seed=n)
+    x = torch.randn(n, 6, requires_grad=True)
+    upstream = torch.randn(n, 3)
+    (layer(x) * upstream).sum().backward()
+    grads = (x.grad.clone(), layer.weight.grad.clone(), layer.bias.grad.clone())
+    x.grad = None
+    reference = copy.deepcopy(layer)
+    reference.weight.grad = reference.bias.grad = None
+    looped = torch.stack([x[i] @ (reference.weight * masks[i % 4]).T + reference.bias for i in range(n)])
+    (looped * upstream).sum().backward()
+    for got, expected in zip(grads, (x.grad, reference.weight.grad, reference.bias.grad)):
+        assert torch.allclose(got, expected, atol=1e-5)
+
+
+def test_grouped_linear_with_masked_bias_gives_each_group_its_bias_sample():
+    torch.manual_seed(0)
+    layer = nn.Linear(6, 3)
+    add_weight_masks(layer, groups=4, mask_bias=True)
+    masks = _fixed_masks(layer, 4, seed=1)
+    bias_masks = (torch.rand(4, 3, generator=torch.Generator().manual_seed(2)) > 0.5).float()
+    layer.sample_masks = lambda logits: masks if logits.dim() == 2 else bias_masks
+    x = torch.randn(10, 6, requires_grad=True)
+    out = layer(x)
+    expected = torch.stack([x[i] @ (layer.weight * masks[i % 4]).T + layer.bias * bias_masks[i % 4] for i in range(10)])
+    assert torch.allclose(out, expected, atol=1e-5)
+    out.sum().backward()
+    # the bias gradient counts the rows whose group kept each bias entry: groups 0, 1 have 3 rows, 2, 3 have 2
+    rows_per_group = torch.tensor([3.0, 3.0, 2.0, 2.0])
+    assert torch.allclose(layer.bias.grad, (bias_masks * rows_per_group[:, None]).sum(0))
+
+
+def test_grouped_linear_under_bf16_autocast_computes_in_bf16_and_gives_the_weights_a_gradient():
+    torch.manual_seed(0)
+    layer = nn.Linear(16, 8, bias=False)
+    add_weight_masks(layer, groups=4)
+    masks = _fixed_masks(layer, 4, seed=3)
+    x = torch.randn(32, 16)
+    expected = torch.stack([x[i] @ (layer.weight * masks[i % 4]).T for i in range(32)])
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = layer(x)
+    assert out.dtype == torch.bfloat16
+    assert torch.allclose(out.float(), expected, atol=0.05, rtol=0.02)
+    out.float().sum().backward()
+    assert layer.weight.grad is not None and layer.weight.grad.dtype == torch.float32
+    assert torch.isfinite(layer.weight.grad).all() and layer.weight.grad.abs().sum() > 0
+
+
 @pytest.mark.parametrize("n", [8, 6])
 def test_grouped_conv_uses_one_mask_per_interleaved_group(n):
     torch.manual_seed(0)
