@@ -6,7 +6,8 @@ Conv2d layer has a logit l; during training the layer uses w * b with
 b = 1[s > 0.5], s = sigmoid((l - log(log U1 / log U2)) / tau), U1, U2 ~ U(0, 1),
 and the straight-through gradient of s, so E[b] = sigmoid(l). The batch is cut
 into `groups` interleaved groups (example n belongs to group n mod groups), each
-with its own mask sample, computed in one batched matmul or grouped convolution.
+with its own mask sample: a Linear layer runs one GEMM per group over a strided
+view of the group's rows, a Conv2d one grouped convolution; neither copies the batch.
 In eval mode the mask is the deterministic 1[sigmoid(l) > 0.5].
 """
 
@@ -18,6 +19,7 @@ from typing import Sequence
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.autograd.function import once_differentiable
 
 from domaingen.errors import DomaingenError
 
@@ -178,6 +180,7 @@ class _InterleavedGroupLinear(torch.autograd.Function):
         return out.view(-1, n_out)
 
     @staticmethod
+    @once_differentiable  # the out= matmuls below record no graph: a second derivative is an error, not a wrong 0
     def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:  # type: ignore[override]
         x, weights = ctx.saved_tensors
         k, n_out, n_in = weights.shape

@@ -121,6 +121,9 @@ def test_interleaved_group_matmul_backward_passes_gradcheck():
     group_bias = torch.randn(3, 4, dtype=torch.float64, generator=g, requires_grad=True)
     for bias in (None, shared_bias, group_bias):
         assert torch.autograd.gradcheck(_InterleavedGroupLinear.apply, (x, weights, bias))
+    (grad_x,) = torch.autograd.grad(_InterleavedGroupLinear.apply(x, weights, None).square().sum(), x, create_graph=True)
+    with pytest.raises(RuntimeError, match="twice"):
+        grad_x.sum().backward()
 
 
 @pytest.mark.parametrize("n", [8, 7])
