@@ -13,7 +13,7 @@ $(PY):
 install: $(PY)  ## the package, its console command, and the test extras, in ./.venv
 	$(PY) -m pip install -e '.[dev]'
 
-test:  ## the whole suite (about 10 minutes on 2 idle cores); real-MNIST tests need DOMAINGEN_DATA
+test:  ## the whole suite (1-10 minutes on 2 idle cores); real-MNIST tests need DOMAINGEN_DATA
 	$(PY) -m pytest -q
 
 demo:  ## a small ColoredMNIST sweep ending with the leave-one-domain-out table (no data needed)
