@@ -2,6 +2,8 @@
 
 Only runs with a `done` marker count. Output directories written by DomainBed
 itself (same results.jsonl field names and `done` marker) are read the same way.
+Each record's `data_source` (where its examples came from) becomes a column;
+records written before runs recorded it read as "unknown".
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from domaingen.rundir import DONE, FAILED, RESULTS, read_jsonl
 log = logging.getLogger(__name__)
 
 KEY_COLUMNS = ["dataset", "algorithm", "test_envs", "hparams_seed", "trial_seed"]
+UNKNOWN_SOURCE = "unknown"
 # Test-time modes an algorithm reports beside its default (Algorithm.EVAL_MODES, fields
 # env{i}_{in,out}_acc_{mode}) become table rows named '{algorithm}-{label}'.
 MODE_LABELS = {"kd": "KD", "mask_ens": "MaskEns"}
@@ -56,7 +59,18 @@ def _flatten(record: dict, run: str) -> dict | None:
     row["hparams_seed"] = args.get("hparams_seed", 0)
     row["trial_seed"] = args.get("trial_seed", 0)
     row["hparams"] = json.dumps(record.get("hparams", {}), sort_keys=True)
+    row["data_source"] = record.get("data_source") or args.get("data_source") or UNKNOWN_SOURCE
     return row
+
+
+def _first_record_args(path: Path) -> dict:
+    """The args of a run's first record: DomainBed's run directories have no args.json."""
+    try:
+        with open(path / RESULTS) as f:
+            first = json.loads(f.readline())
+    except (OSError, json.JSONDecodeError):
+        return {}
+    return first.get("args") or {} if isinstance(first, dict) else {}
 
 
 def _run_row(path: Path, state: str, first: dict | None) -> dict:
@@ -66,6 +80,8 @@ def _run_row(path: Path, state: str, first: dict | None) -> dict:
             args = json.loads((path / "args.json").read_text())
         except json.JSONDecodeError:
             args = {}
+    if not args and (path / RESULTS).exists():
+        args = _first_record_args(path)
     return {
         "run": path.name,
         "state": state,
@@ -77,8 +93,12 @@ def _run_row(path: Path, state: str, first: dict | None) -> dict:
     }
 
 
-def collect(input_dir: str | os.PathLike) -> Collection:
-    """Every record of every done run under `input_dir` (one level deep, or the dir itself)."""
+def collect(input_dir: str | os.PathLike, allow_mixed_sources: bool = False) -> Collection:
+    """Every record of every done run under `input_dir` (one level deep, or the dir itself).
+
+    Raises DomaingenError when one dataset's runs come from different data sources
+    (check_data_sources), unless `allow_mixed_sources`.
+    """
     root = Path(input_dir)
     if not root.is_dir():
         raise DomaingenError(f"input_dir {root} is not a directory")
@@ -105,7 +125,31 @@ def collect(input_dir: str | os.PathLike) -> Collection:
             f"no finished runs in {root} (found {len(failed)} failed, {len(incomplete)} incomplete); "
             "launch or resume the sweep first (domaingen sweep launch)"
         )
-    return Collection(pd.DataFrame(rows), failed, incomplete, pd.DataFrame(run_rows))
+    records = pd.DataFrame(rows)
+    if not allow_mixed_sources:
+        check_data_sources(records)
+    return Collection(records, failed, incomplete, pd.DataFrame(run_rows))
+
+
+def data_sources(records: pd.DataFrame) -> list[str]:
+    """The distinct data sources of these records, sorted ("unknown" for records without one)."""
+    if "data_source" not in records:
+        return [UNKNOWN_SOURCE] if len(records) else []
+    return sorted(records["data_source"].fillna(UNKNOWN_SOURCE).astype(str).unique())
+
+
+def check_data_sources(records: pd.DataFrame) -> None:
+    """Raise DomaingenError, in one line, if any dataset's runs come from more than one data source."""
+    if "data_source" not in records:
+        return
+    for dataset, sub in records.groupby("dataset", sort=True):
+        per_source = sub.fillna({"data_source": UNKNOWN_SOURCE}).groupby("data_source")["run"].nunique()
+        if len(per_source) > 1:
+            listing = ", ".join(f"{n} runs from {source}" for source, n in per_source.items())
+            raise DomaingenError(
+                f"{dataset} mixes data sources ({listing}); collect each source from its own directory, "
+                "or pass --allow_mixed_sources to tabulate them together"
+            )
 
 
 def expand_modes(records: pd.DataFrame) -> pd.DataFrame:
@@ -136,6 +180,32 @@ def expand_modes(records: pd.DataFrame) -> pd.DataFrame:
         copy["algorithm"] = copy["algorithm"] + "-" + MODE_LABELS.get(mode, mode)
         parts.append(copy)
     return pd.concat(parts, ignore_index=True) if len(parts) > 1 else records
+
+
+def count_missing_runs(runs: pd.DataFrame, dataset: str, algorithm: str, test_env: int, pairs: bool = False) -> int:
+    """How many runs a cell needs that are not done: failed, unfinished, or never written.
+
+    The sweep's grid is inferred from every run directory of (dataset, algorithm):
+    each hparams_seed seen x each trial_seed seen, for the single test env
+    `test_env` and, with `pairs` (leave-one-domain-out), every pair {test_env, v}
+    seen for this dataset. A DomainBed sweep where one trial lacks some hparams draws
+    thus counts them as missing.
+    """
+    if runs.empty or "state" not in runs:
+        return 0
+    mine = runs[(runs["dataset"] == dataset) & (runs["algorithm"] == algorithm)]
+    if mine.empty:
+        return 0
+    needed = {(test_env,)}
+    if pairs:
+        on_dataset = runs[runs["dataset"] == dataset]["test_envs"].map(tuple)
+        needed |= {e for e in on_dataset if len(e) == 2 and test_env in e}
+    seeds = mine["hparams_seed"].dropna().unique()
+    trials = mine["trial_seed"].dropna().unique()
+    done = mine[mine["state"] == "done"]
+    have = {(int(h), int(t), tuple(e)) for h, t, e in zip(done["hparams_seed"], done["trial_seed"], done["test_envs"])}
+    grid = {(int(h), int(t), e) for h in seeds for t in trials for e in needed}
+    return len(grid - have)
 
 
 def n_environments(records: pd.DataFrame, dataset: str) -> int:

@@ -1,7 +1,13 @@
 """Turn selected results into tables: Markdown, LaTeX (booktabs), CSV.
 
-A cell is mean +/- standard error over trials (sample standard deviation,
-ddof=1), in percent. A missing cell says what is missing.
+A cell is the mean over trials of the selected test accuracies, in percent, ±
+an error bar over trials: by default DomainBed's, ``std(x / sqrt(n))`` with
+ddof 0 (``--error domainbed``); ``se`` is the sample standard error (ddof 1) and
+``std`` the sample standard deviation. An Avg column is the mean of the column
+means, without an error bar (as DomainBed prints it). A missing cell says what is
+missing. Every caption names the data source of the runs; a table has a column
+per test environment the sweep held out, and published numbers (collect
+--reference) come as extra rows labelled with their source.
 """
 
 from __future__ import annotations
@@ -15,17 +21,36 @@ import numpy as np
 import pandas as pd
 from tabulate import tabulate
 
-from domaingen.collect import Collection, expand_modes, n_environments
+from domaingen.collect import Collection, count_missing_runs, data_sources, expand_modes, n_environments
 from domaingen.datasets import DATASETS
-from domaingen.selection import METHOD_TITLES, select
+from domaingen.reference import reference_rows
+from domaingen.selection import HPARAMS_CHOICE_TITLES, METHOD_TITLES, check_hparams_choice, select
+from domaingen.wilds_selection import WILDS_PREFIX, wilds_metric_columns, wilds_select
+
+ERRORS = ("domainbed", "se", "std")
+ERROR_TITLES = {
+    "domainbed": "± = DomainBed's standard error over trials, std(x / sqrt(n)) with ddof 0",
+    "se": "± = standard error over trials, sample std (ddof 1) / sqrt(n)",
+    "std": "± = sample standard deviation over trials (ddof 1)",
+}
 
 
 @dataclass
 class Cell:
-    """One table cell: the trials' accuracies, or why there are none."""
+    """One table cell: the trials' accuracies (with the runs selected for them), or why there are none.
+
+    `trace` holds, parallel to `values`, one dict per trial (trial_seed, hparams_seed,
+    step, run). An Avg cell holds the column means it averages and has no error bar
+    (`error_bar=False`). `missing_runs` counts the runs of the sweep's grid that the
+    cell needed and that are not done (failed, unfinished or absent).
+    """
 
     values: list[float] = field(default_factory=list)
     missing: str = ""
+    trace: list[dict] = field(default_factory=list)
+    error_bar: bool = True
+    missing_runs: int = 0
+    note: str = ""
 
     @property
     def n(self) -> int:
@@ -36,7 +61,15 @@ class Cell:
         return float(np.mean(self.values)) if self.values else math.nan
 
     @property
+    def domainbed_se(self) -> float:
+        """DomainBed's error bar: np.std(values / sqrt(n)), ddof 0 (0.0 for one trial)."""
+        if not self.values:
+            return math.nan
+        return float(np.std(np.asarray(self.values, dtype=float) / np.sqrt(len(self.values))))
+
+    @property
     def se(self) -> float:
+        """Sample standard error over trials: std with ddof 1, over sqrt(n)."""
         if len(self.values) < 2:
             return math.nan
         return float(np.std(self.values, ddof=1) / math.sqrt(len(self.values)))
@@ -46,31 +79,94 @@ class Cell:
         """Sample standard deviation over trials (what the IRM paper's ± reports)."""
         return float(np.std(self.values, ddof=1)) if len(self.values) > 1 else math.nan
 
-    def spread(self, error: str = "se") -> float:
-        """The ± of a cell: "se" (standard error, the default) or "std"."""
-        return self.std if error == "std" else self.se
+    def spread(self, error: str = "domainbed") -> float:
+        """The ± of a cell: "domainbed" (the default), "se" or "std"; NaN for an Avg cell."""
+        if not self.error_bar:
+            return math.nan
+        if error == "std":
+            return self.std
+        return self.se if error == "se" else self.domainbed_se
 
-    def text(self, show_n: bool = False, error: str = "se") -> str:
+    def shows_error(self) -> bool:
+        return self.error_bar and self.n > 1
+
+    def text(self, show_n: bool = False, error: str = "domainbed") -> str:
         if not self.values:
             return f"missing: {self.missing}" if self.missing else "missing"
-        body = f"{100 * self.mean:.1f}" + (f" ± {100 * self.spread(error):.1f}" if self.n > 1 else "")
-        return body + (f" (n={self.n})" if show_n else "")
+        body = f"{100 * self.mean:.1f}" + (f" ± {100 * self.spread(error):.1f}" if self.shows_error() else "")
+        return body + (f" (n={self.n})" if show_n and self.error_bar else "")
+
+
+@dataclass
+class ReferenceCell:
+    """A published number: its mean and its ± (fractions), and both as the source prints them."""
+
+    mean: float = math.nan
+    error: float = math.nan
+    mean_text: str = ""
+    error_text: str = ""
+
+    @property
+    def published(self) -> bool:
+        return not math.isnan(self.mean)
+
+    def text(self, plus_minus: str = "±") -> str:
+        """The digits the source prints ("-" for none)."""
+        if not self.published:
+            return "-"
+        mean = self.mean_text or f"{100 * self.mean:.1f}"
+        error = self.error_text or ("" if math.isnan(self.error) else f"{100 * self.error:.1f}")
+        return mean + (f" {plus_minus} {error}" if error else "")
 
 
 @dataclass
 class Table:
-    """A titled grid of cells with row and column labels."""
+    """A titled grid of cells with row and column labels, and rows of published numbers below."""
 
     title: str
     key: str  # short machine name: dataset/selection/kind
     columns: list[str]
     rows: dict[str, list[Cell]]
+    data_source: str = ""
+    hparams_choice: str = "per_trial"
+    references: dict[tuple[str, str], list[ReferenceCell]] = field(default_factory=dict)  # (algorithm, source)
+
+    def caption(self) -> str:
+        return f"{self.title} (data: {self.data_source})" if self.data_source else self.title
 
 
 def environment_names(dataset: str, n_envs: int) -> list[str]:
     if dataset in DATASETS and len(DATASETS.get(dataset).ENVIRONMENTS) == n_envs:
         return list(DATASETS.get(dataset).ENVIRONMENTS)
     return [f"env{i}" for i in range(n_envs)]
+
+
+def held_out_environments(collection: Collection, dataset: str) -> list[int]:
+    """The single test environments the sweep held out for `dataset`: those of any run found
+    (done, failed or unfinished), so a column exists even when all its runs failed."""
+    envs: set[int] = set()
+    for frame in (collection.records, collection.runs):
+        if frame.empty or "test_envs" not in frame:
+            continue
+        mine = frame[frame["dataset"] == dataset]
+        envs |= {int(e[0]) for e in mine["test_envs"] if len(e) == 1}
+    return sorted(envs)
+
+
+def average_label(names: Sequence[str], envs: Sequence[int]) -> str | None:
+    """The Avg column's header: "Avg" over every environment, "Avg (a, b)" over a subset,
+    None (no column) when fewer than two environments were held out."""
+    if len(envs) < 2:
+        return None
+    if len(envs) == len(names):
+        return "Avg"
+    return "Avg (" + ", ".join(names[e] for e in envs) + ")"
+
+
+def source_label(records: pd.DataFrame, dataset: str | None = None) -> str:
+    """The data source(s) of `dataset`'s records (of all records when None), for a caption."""
+    sources = data_sources(records if dataset is None else records[records["dataset"] == dataset])
+    return " + ".join(sources) + (" (mixed)" if len(sources) > 1 else "")
 
 
 def _missing_reason(collection: Collection, dataset: str, algorithm: str, env: int, method: str) -> str:
@@ -80,7 +176,7 @@ def _missing_reason(collection: Collection, dataset: str, algorithm: str, env: i
     mine = runs[(runs["dataset"] == dataset) & (runs["algorithm"] == algorithm)]
     singles = mine[mine["test_envs"].map(lambda e: tuple(e) == (env,))]
     counts = singles["state"].value_counts().to_dict()
-    parts = [f"{counts[s]} {s}" for s in ("failed", "incomplete") if counts.get(s)]
+    parts = [f"{counts[s]} {s}" for s in ("failed", "incomplete", "not launched") if counts.get(s)]
     if not counts.get("done"):
         return f"no done run with test env {env}" + (f" ({', '.join(parts)})" if parts else "")
     if method == "loo":
@@ -96,33 +192,58 @@ def _held_out_accuracy_missing(records: pd.DataFrame) -> bool:
 
 
 def _average_cell(cells: Sequence[Cell]) -> Cell:
-    """Avg column: the mean of the environment means; its error bar from per-trial averages."""
+    """Avg column (DomainBed's): the mean of the column means, no error bar; missing if a column is."""
     if not cells or any(not c.values for c in cells):
         missing = [c for c in cells if not c.values]
         return Cell(missing=f"{len(missing)} environment(s) missing")
-    n = min(c.n for c in cells)
-    # per-trial averages across environments give the spread; the mean equals the mean of means
-    # when every cell has n trials
-    per_trial = [float(np.mean([c.values[t] for c in cells])) for t in range(n)]
-    if all(c.n == n for c in cells):
-        return Cell(per_trial)
-    return Cell([float(np.mean([c.mean for c in cells]))])
+    return Cell([c.mean for c in cells], error_bar=False, note=f"mean of {len(cells)} column means")
 
 
-def dataset_tables(collection: Collection, method: str) -> tuple[list[Table], list[Table]]:
+def _trace(chosen: pd.DataFrame) -> list[dict]:
+    return [
+        {"trial_seed": int(r.trial_seed), "hparams_seed": int(r.hparams_seed), "step": int(r.step), "run": str(r.run)}
+        for r in chosen.itertuples()
+    ]
+
+
+def _selected_cells(chosen: pd.DataFrame, missing_runs: int) -> tuple[Cell, Cell]:
+    """The test and in-domain cells of one (dataset, algorithm, test env), trials in trial_seed order."""
+    ordered = chosen.sort_values("trial_seed", kind="stable")
+    trace = _trace(ordered)
+    return (
+        Cell(ordered["test_acc"].astype(float).tolist(), trace=trace, missing_runs=missing_runs),
+        Cell(ordered["indomain_acc"].astype(float).tolist(), trace=trace, missing_runs=missing_runs),
+    )
+
+
+def _title_suffix(hparams_choice: str) -> str:
+    # the default (DomainBed's) rule goes unnamed; any other is named where the table is
+    return "" if hparams_choice == "per_trial" else f", {HPARAMS_CHOICE_TITLES[hparams_choice]}"
+
+
+def dataset_tables(
+    collection: Collection, method: str, hparams_choice: str = "per_trial"
+) -> tuple[list[Table], list[Table]]:
     """Per dataset: the test-accuracy table and the in-domain (training envs' out split) table.
 
-    Test-time modes become rows of their own (collect.expand_modes); a mode with no
-    test accuracy anywhere (known-domain: undefined on a held-out domain) has a row
-    in the in-domain table only.
+    Columns are the environments the sweep held out (held_out_environments), then Avg
+    where it is defined (average_label). Test-time modes become rows of their own
+    (collect.expand_modes); a mode with no test accuracy anywhere (known-domain:
+    undefined on a held-out domain) has a row in the in-domain table only. A dataset
+    without single-environment runs (WILDS' official splits) has no table here.
     """
     records = expand_modes(collection.records)
     bases = records.groupby("algorithm")["base_algorithm"].first().dropna().to_dict() if "base_algorithm" in records else {}
-    selected = select(records, method)
+    selected = select(records, method, hparams_choice)
     test_tables, indomain_tables = [], []
     for dataset in sorted(records["dataset"].unique()):
+        envs = held_out_environments(collection, dataset)
+        if not envs:
+            continue
         n_envs = n_environments(records, dataset)
-        names = environment_names(dataset, n_envs)
+        names = environment_names(dataset, max(n_envs, envs[-1] + 1))
+        avg = average_label(names, envs)
+        columns = [names[e] for e in envs] + ([avg] if avg else [])
         test_rows, in_rows = {}, {}
         for algorithm in sorted(records[records["dataset"] == dataset]["algorithm"].unique()):
             mine = records[(records["dataset"] == dataset) & (records["algorithm"] == algorithm)]
@@ -130,71 +251,167 @@ def dataset_tables(collection: Collection, method: str) -> tuple[list[Table], li
             undefined = algorithm in bases and method != "training" and _held_out_accuracy_missing(mine)
             test_cells, in_cells = [], []
             test_defined = False
-            for env in range(n_envs):
+            for env in envs:
                 chosen = selected[
                     (selected["dataset"] == dataset) & (selected["algorithm"] == algorithm) & (selected["test_env"] == env)
                 ] if not selected.empty else selected
+                missing_runs = count_missing_runs(collection.runs, dataset, bases.get(algorithm, algorithm), env,
+                                                  pairs=method == "loo")
                 if len(chosen):
-                    ordered = chosen.sort_values("trial_seed")
-                    test_defined |= bool(ordered["test_acc"].notna().any())
-                    test_cells.append(Cell(ordered["test_acc"].astype(float).tolist()))
-                    in_cells.append(Cell(ordered["indomain_acc"].astype(float).tolist()))
+                    test_defined |= bool(chosen["test_acc"].notna().any())
+                    test_cell, in_cell = _selected_cells(chosen, missing_runs)
+                    test_cells.append(test_cell)
+                    in_cells.append(in_cell)
                 else:
                     reason = (
                         "undefined: validated on held-out domains"
                         if undefined
                         else _missing_reason(collection, dataset, bases.get(algorithm, algorithm), env, method)
                     )
-                    test_cells.append(Cell(missing=reason))
-                    in_cells.append(Cell(missing=reason))
+                    test_cells.append(Cell(missing=reason, missing_runs=missing_runs))
+                    in_cells.append(Cell(missing=reason, missing_runs=missing_runs))
+            average = [_average_cell(test_cells)] if avg else []
             if test_defined or algorithm not in bases:
-                test_rows[algorithm] = test_cells + [_average_cell(test_cells)]
-            in_rows[algorithm] = in_cells + [_average_cell(in_cells)]
-        title = METHOD_TITLES[method]
-        test_tables.append(Table(f"{dataset}: test accuracy, {title}", f"{dataset}/{method}/test", names + ["Avg"], test_rows))
+                test_rows[algorithm] = test_cells + average
+            in_rows[algorithm] = in_cells + ([_average_cell(in_cells)] if avg else [])
+        title = METHOD_TITLES[method] + _title_suffix(hparams_choice)
+        source = source_label(records, dataset)
+        test_tables.append(Table(f"{dataset}: test accuracy, {title}", f"{dataset}/{method}/test", columns, test_rows,
+                                 data_source=source, hparams_choice=hparams_choice))
         which = "in (training) splits" if method == "last" else "out splits"
         indomain_tables.append(
-            Table(f"{dataset}: in-domain accuracy (training envs' {which}), {title}", f"{dataset}/{method}/indomain", names + ["Avg"], in_rows)
+            Table(f"{dataset}: in-domain accuracy (training envs' {which}), {title}", f"{dataset}/{method}/indomain",
+                  columns, in_rows, data_source=source, hparams_choice=hparams_choice)
         )
     return test_tables, indomain_tables
 
 
-def averages_table(test_tables: Sequence[Table], method: str) -> Table:
-    """Rows: algorithms; columns: each dataset's Avg, then their mean."""
-    datasets = [t.key.split("/")[0] for t in test_tables]
-    algorithms = sorted({a for t in test_tables for a in t.rows})
+def _per_trial_average(cells: Sequence[Cell]) -> Cell:
+    """A dataset's cell in the averages table, as DomainBed computes it.
+
+    Per trial_seed, the mean of that trial's selected test accuracies over the
+    environments it has; the cell is the mean ± error over those per-trial means.
+    """
+    by_trial: dict[int, list[float]] = {}
+    for cell in cells:
+        for value, trace in zip(cell.values, cell.trace):
+            by_trial.setdefault(trace["trial_seed"], []).append(value)
+    if not by_trial:
+        return Cell(missing="no environment has a result")
+    seeds = sorted(by_trial)
+    partial = sum(len(by_trial[s]) < len(cells) for s in seeds)
+    note = f"{partial} trial(s) averaged over fewer than {len(cells)} environments" if partial else ""
+    return Cell([float(np.mean(by_trial[s])) for s in seeds], trace=[{"trial_seed": s} for s in seeds], note=note)
+
+
+def averages_table(test_tables: Sequence[Table], method: str) -> Table | None:
+    """Rows: algorithms; columns: each dataset's per-trial average (DomainBed's), then their mean.
+
+    Only datasets whose table has an Avg column take part (a column header names the
+    environments a subset Avg covers); None when no dataset has one. A dataset's cell
+    averages, per trial, that trial's selected test accuracies over the table's
+    environment columns, then gives mean ± error over trials; the last column is the
+    mean of the dataset cells, without an error bar.
+    """
+    with_avg = [t for t in test_tables if t.columns and t.columns[-1].startswith("Avg")]
+    if not with_avg:
+        return None
+    datasets = [t.key.split("/")[0] for t in with_avg]
+    columns = [d if t.columns[-1] == "Avg" else f"{d} {t.columns[-1]}" for d, t in zip(datasets, with_avg)]
+    algorithms = sorted({a for t in with_avg for a in t.rows})
+    choice = with_avg[0].hparams_choice
     rows = {}
     for algorithm in algorithms:
-        cells = [t.rows[algorithm][-1] if algorithm in t.rows else Cell(missing="not run") for t in test_tables]
-        means = [c.mean for c in cells]
-        overall = Cell([float(np.mean(means))]) if all(c.values for c in cells) else Cell(missing="a dataset is missing")
-        rows[algorithm] = cells + [overall]
-    return Table(f"Averages over datasets, {METHOD_TITLES[method]}", f"all/{method}/averages", datasets + ["Avg"], rows)
+        cells = [_per_trial_average(t.rows[algorithm][:-1]) if algorithm in t.rows else Cell(missing="not run")
+                 for t in with_avg]
+        overall = _average_cell(cells)
+        rows[algorithm] = cells + [overall if overall.values else Cell(missing="a dataset is missing")]
+    sources = sorted({t.data_source for t in with_avg})
+    source = sources[0] if len(sources) == 1 else "; ".join(f"{d}: {t.data_source}" for d, t in zip(datasets, with_avg))
+    title = f"Averages over datasets, {METHOD_TITLES[method]}{_title_suffix(choice)}"
+    return Table(title, f"all/{method}/averages", columns + ["Avg"], rows, data_source=source, hparams_choice=choice)
 
 
-def build_tables(collection: Collection, methods: Sequence[str]) -> list[Table]:
-    """Every table for the given selection methods, in reading order."""
+def wilds_tables(collection: Collection) -> list[Table]:
+    """Per dataset with WILDS' own metrics in its records (the *Official datasets): those metrics
+    of the OOD test split, selected per trial on the OOD validation split (wilds_selection)."""
+    records = collection.records
+    if not any(c.startswith(WILDS_PREFIX) for c in records.columns):
+        return []
+    tables = []
+    chosen = wilds_select(records)
+    for dataset in sorted(chosen["dataset"].unique()):
+        mine = chosen[chosen["dataset"] == dataset]
+        metrics = wilds_metric_columns(records, dataset)
+        rows = {}
+        for algorithm, sub in mine.groupby("algorithm", sort=True):
+            ordered = sub.sort_values("trial_seed")
+            rows[algorithm] = [Cell(ordered[m].astype(float).tolist()) if ordered[m].notna().any()
+                               else Cell(missing="not recorded") for m in metrics]
+        val_metric = mine["selected_on"].iloc[0]
+        title = f"{dataset}: WILDS' metrics of the OOD test split, selected per trial on {val_metric.removeprefix(WILDS_PREFIX)}"
+        columns = [m.removeprefix(WILDS_PREFIX).replace("_", " ", 1) for m in metrics]
+        tables.append(Table(title, f"{dataset}/wilds/wilds", columns, rows, data_source=source_label(records, dataset)))
+    return tables
+
+
+def build_tables(
+    collection: Collection,
+    methods: Sequence[str],
+    hparams_choice: str = "per_trial",
+    reference: pd.DataFrame | None = None,
+) -> list[Table]:
+    """Every table for the given selection methods, in reading order, then WILDS' metrics tables.
+
+    `reference` (domaingen.reference.read_reference) adds published rows to the tables they match.
+    """
+    check_hparams_choice(hparams_choice)
     tables: list[Table] = []
     for method in methods:
-        test_tables, indomain_tables = dataset_tables(collection, method)
+        test_tables, indomain_tables = dataset_tables(collection, method, hparams_choice)
         tables += test_tables
-        tables.append(averages_table(test_tables, method))
+        averages = averages_table(test_tables, method)
+        tables += [averages] if averages is not None else []
         tables += indomain_tables
+    tables += wilds_tables(collection)
+    if reference is not None:
+        for table in tables:
+            add_reference_rows(table, reference)
     return tables
+
+
+def add_reference_rows(table: Table, reference: pd.DataFrame) -> None:
+    """Published rows for `table`: same dataset, table kind and selection method (or none named).
+
+    A published cell fills the column of its environment (or the Avg column, when that
+    averages every environment); a row with no cell in this table is left out.
+    """
+    dataset, method, kind = table.key.split("/")
+    for (algorithm, source), cells in reference_rows(reference, dataset, method, kind).items():
+        row = [ReferenceCell(*cells[c]) if c in cells else ReferenceCell() for c in table.columns]
+        if any(cell.published for cell in row):
+            table.references[(algorithm, source)] = row
 
 
 # ---- formats -----------------------------------------------------------------
 
 
-def to_markdown(tables: Sequence[Table], collection: Collection, show_n: bool = False, error: str = "se") -> str:
+def to_markdown(tables: Sequence[Table], collection: Collection, show_n: bool = False, error: str = "domainbed") -> str:
     out = io.StringIO()
     for table in tables:
-        out.write(f"### {table.title}\n\n")
+        out.write(f"### {table.caption()}\n\n")
         body = [[alg] + [c.text(show_n, error) for c in cells] for alg, cells in table.rows.items()]
+        body += [[f"{alg} ({source})"] + [c.text() for c in cells] for (alg, source), cells in table.references.items()]
         out.write(tabulate(body, headers=["Algorithm"] + table.columns, tablefmt="github", disable_numparse=True))
         out.write("\n\n")
+    out.write(error_note(error) + "\n")
     out.write(_footer(collection))
     return out.getvalue()
+
+
+def error_note(error: str) -> str:
+    """One line saying what a cell's ± is and what Avg columns are."""
+    return f"{ERROR_TITLES[error]}; Avg columns: the mean of the column means, without ±."
 
 
 def _footer(collection: Collection) -> str:
@@ -215,69 +432,139 @@ def latex_escape(text: str) -> str:
     return "".join(LATEX_ESCAPES.get(ch, ch) for ch in text)
 
 
-def _latex_cell(cell: Cell, show_n: bool, error: str = "se") -> str:
+def _latex_cell(cell: Cell, show_n: bool, error: str = "domainbed") -> str:
     if not cell.values:
         return r"\textit{" + latex_escape(cell.text()) + "}"
-    text = f"{100 * cell.mean:.1f}" + (rf" $\pm$ {100 * cell.spread(error):.1f}" if cell.n > 1 else "")
-    return text + (f" ({cell.n})" if show_n else "")
+    text = f"{100 * cell.mean:.1f}" + (rf" $\pm$ {100 * cell.spread(error):.1f}" if cell.shows_error() else "")
+    return text + (f" ({cell.n})" if show_n and cell.error_bar else "")
+
+
+LATEX_PACKAGES = ("booktabs", "graphicx")
+# about one column of a two-column paper at 10 pt (e.g. 241 pt in ACL, 240 pt in IEEEtran)
+COLUMN_WIDTH_PT = 240.0
+CHAR_PT, COLSEP_PT = 4.5, 12.0  # a character of 10 pt Computer Modern (digit 5, point and space 3); 2 x \tabcolsep
+
+
+def _latex_reference_cell(cell: ReferenceCell) -> str:
+    return cell.text(r"$\pm$") if cell.published else "--"
+
+
+def _visible_length(latex: str) -> int:
+    """Characters a LaTeX cell prints (commands and braces dropped; a plus-minus sign is one)."""
+    text = latex.replace(r"$\pm$", "±").replace(r"\textit{", "")
+    for escaped in ("%", "&", "_", "#", "$"):
+        text = text.replace("\\" + escaped, escaped)
+    return len(text.replace("{", "").replace("}", ""))
+
+
+def latex_width_pt(grid: Sequence[Sequence[str]]) -> float:
+    """A rough natural width of a tabular with these LaTeX cells (rows of equal length), in points."""
+    return sum(max(_visible_length(row[j]) for row in grid) * CHAR_PT + COLSEP_PT for j in range(len(grid[0])))
+
+
+def latex_table(table: Table, show_n: bool = False, error: str = "domainbed", placement: str | None = None) -> str:
+    """One table as a float: `table` when it fits one column of a two-column paper, else `table*`
+    (both columns); its type keeps the document's size and shrinks only when wider than the line.
+
+    `placement` overrides the float's placement ([ht] for table, [t] for table*, which takes no h).
+    """
+    header = ["Algorithm"] + [latex_escape(c) for c in table.columns]
+    body = [[latex_escape(alg)] + [_latex_cell(c, show_n, error) for c in cells] for alg, cells in table.rows.items()]
+    published = [[latex_escape(f"{alg} ({source})")] + [_latex_reference_cell(c) for c in cells]
+                 for (alg, source), cells in table.references.items()]
+    wide = latex_width_pt([header] + body + published) > COLUMN_WIDTH_PT
+    float_env, default_placement = ("table*", "[t]") if wide else ("table", "[ht]")
+    placement = placement or default_placement
+    lines = [
+        rf"\begin{{{float_env}}}{placement}",
+        r"\centering",
+        r"\caption{" + latex_escape(table.caption()) + "}",
+        r"\label{tab:" + table.key.replace("/", "-").replace("_", "") + "}",
+        r"\resizebox{\ifdim\width>\linewidth\linewidth\else\width\fi}{!}{%",
+        r"\begin{tabular}{" + "l" + "c" * len(table.columns) + "}",
+        r"\toprule",
+        " & ".join(header) + r" \\",
+        r"\midrule",
+    ]
+    lines += [" & ".join(row) + r" \\" for row in body]
+    if published:
+        lines.append(r"\midrule")
+        lines += [" & ".join(row) + r" \\" for row in published]
+    lines += [r"\bottomrule", r"\end{tabular}}", rf"\end{{{float_env}}}", ""]
+    return "\n".join(lines)
 
 
 def to_latex(
-    tables: Sequence[Table], collection: Collection, show_n: bool = False, bare: bool = False, error: str = "se"
+    tables: Sequence[Table], collection: Collection, show_n: bool = False, bare: bool = False, error: str = "domainbed"
 ) -> str:
-    parts = []
-    for table in tables:
-        spec = "l" + "c" * len(table.columns)
-        lines = [
-            r"\begin{table}[ht]",
-            r"\centering",
-            r"\caption{" + latex_escape(table.title) + "}",
-            r"\resizebox{\linewidth}{!}{%",
-            r"\begin{tabular}{" + spec + "}",
-            r"\toprule",
-            " & ".join(["Algorithm"] + [latex_escape(c) for c in table.columns]) + r" \\",
-            r"\midrule",
-        ]
-        for alg, cells in table.rows.items():
-            lines.append(" & ".join([latex_escape(alg)] + [_latex_cell(c, show_n, error) for c in cells]) + r" \\")
-        lines += [r"\bottomrule", r"\end{tabular}}", r"\end{table}", ""]
-        parts.append("\n".join(lines))
-    body = "\n".join(parts)
+    """A standalone document, or with `bare` the tables alone for \\input in a paper (the
+    packages they need are named in a comment at the top)."""
+    uses = "".join(rf"\usepackage{{{p}}}" for p in LATEX_PACKAGES)
     if bare:
-        return body
-    return "\n".join(
-        [
-            r"\documentclass{article}",
-            r"\usepackage[margin=2cm]{geometry}",
-            r"\usepackage{booktabs}",
-            r"\usepackage{graphicx}",
-            r"\begin{document}",
+        body = "\n".join(latex_table(t, show_n, error) for t in tables)
+        return "\n".join([
+            r"% domaingen tables: \input this file; the preamble needs " + uses + ".",
+            r"% Tables keep the document's type size and shrink only when wider than their column;",
+            r"% those wider than one column of a two-column paper are table* (they span both columns).",
             body,
-            r"\end{document}",
-            "",
-        ]
+        ])
+    # one column: both kinds of float read as `table`; here they may stand where they are made
+    body = "\n".join(latex_table(t, show_n, error, placement="[!ht]") for t in tables)
+    return "\n".join(
+        [r"\documentclass{article}", r"\usepackage[margin=2cm]{geometry}"]
+        + [rf"\usepackage{{{p}}}" for p in LATEX_PACKAGES]
+        + [r"\begin{document}", body, r"\end{document}", ""]
     )
 
 
-def to_csv(tables: Sequence[Table]) -> str:
-    """Long format: one line per cell, with mean, standard error, trial count and any missing note."""
+def _joined(cell: Cell, key: str) -> str:
+    return ";".join(str(t[key]) for t in cell.trace if key in t)
+
+
+def to_csv(tables: Sequence[Table], error: str = "domainbed") -> str:
+    """Long format: one line per cell, traceable to the runs behind it.
+
+    Columns: mean and `error` (the chosen ±, named in `error_kind`; empty for Avg
+    cells and single trials), `se`, `std`, `n` (trials; for an Avg cell, the columns
+    averaged), `missing` (runs of the sweep's grid the cell needed that are not done),
+    `note` (why a cell is empty, or what an average covers), per trial, `;`-joined
+    in trial order: `trial_seeds`, `hparams_seeds`, `steps` and `runs` (the selected
+    run directories), and `data_source`, the runs' data source. Rows of published
+    numbers (collect --reference) name their `source`, with the ± they print in
+    `published_error` (ours leave both empty).
+    """
     rows = []
     for table in tables:
         dataset, method, kind = table.key.split("/")
+        base = {"selection": method, "hparams_choice": table.hparams_choice, "table": kind, "dataset": dataset}
         for alg, cells in table.rows.items():
             for column, cell in zip(table.columns, cells):
                 rows.append(
                     {
-                        "selection": method,
-                        "table": kind,
-                        "dataset": dataset,
+                        **base,
                         "algorithm": alg,
                         "column": column,
                         "mean": cell.mean if cell.values else None,
-                        "se": cell.se if cell.n > 1 else None,
-                        "std": cell.std if cell.n > 1 else None,
+                        "error": cell.spread(error) if cell.shows_error() else None,
+                        "error_kind": error,
+                        "se": cell.se if cell.shows_error() else None,
+                        "std": cell.std if cell.shows_error() else None,
                         "n": cell.n,
-                        "missing": cell.missing if not cell.values else "",
+                        "missing": cell.missing_runs,
+                        "note": cell.missing if not cell.values else cell.note,
+                        "trial_seeds": _joined(cell, "trial_seed"),
+                        "hparams_seeds": _joined(cell, "hparams_seed"),
+                        "steps": _joined(cell, "step"),
+                        "runs": _joined(cell, "run"),
+                        "data_source": table.data_source,
+                        "source": "",
+                        "published_error": None,
                     }
                 )
+        for (alg, source), cells in table.references.items():
+            for column, cell in zip(table.columns, cells):
+                if cell.published:
+                    rows.append({**base, "algorithm": alg, "column": column, "mean": cell.mean, "n": None,
+                                 "missing": None, "source": source,
+                                 "published_error": None if math.isnan(cell.error) else cell.error})
     return pd.DataFrame(rows).to_csv(index=False)

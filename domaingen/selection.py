@@ -1,13 +1,28 @@
-"""The three model-selection methods, as pure functions of the records DataFrame.
+"""Model selection, as pure functions of the records DataFrame, following DomainBed's protocol.
 
-Each method first chooses one checkpoint per run (per group of runs, for
-leave-one-domain-out), giving a validation and a test accuracy per
-(dataset, algorithm, test_env, hparams_seed, trial_seed). `select` then picks,
-per (dataset, algorithm, test_env), the hparams_seed whose validation accuracy
-averaged over trials is best, and returns that hparams_seed's trials.
+Two stages:
 
-Ties: between checkpoints, the later step wins; between hparams draws, the
-smaller hparams_seed wins.
+1. A *method* (METHODS) chooses one checkpoint per run (per group of runs, for
+   leave-one-domain-out) and gives it a validation and a test accuracy: one row per
+   (dataset, algorithm, test_env, hparams_seed, trial_seed).
+2. `select` chooses hyperparameter draws. The default, ``per_trial``, is DomainBed's
+   (``collect_results.py``): per (dataset, algorithm, test_env, trial_seed), the draw
+   with the best validation accuracy; a table cell is the mean over trials of the
+   chosen draws' test accuracies, so every trial replicates the whole search and its
+   spread includes the selection noise. ``pooled`` (this package's earlier rule) picks
+   one draw per (dataset, algorithm, test_env) by validation accuracy averaged over
+   trials and reports that draw's trials.
+
+Ties, as DomainBed breaks them: between checkpoints of one run, the earliest step
+wins (its argmax keeps the first maximum); between hparams draws under ``per_trial``,
+the *largest* hparams_seed wins (it sorts the draws by hparams_seed, then stably by
+validation accuracy, and reverses the list). ``pooled`` keeps the smallest
+hparams_seed on a tie. The ``last`` method validates nothing, so it always keeps the
+smallest hparams_seed (hyperparameters are fixed, not searched).
+
+Validation accuracies are computed with the same floating-point operations as
+DomainBed's (numpy means over the environments in index order), so exact ties
+between checkpoints are decided as DomainBed decides them.
 """
 
 from __future__ import annotations
@@ -18,21 +33,20 @@ import numpy as np
 import pandas as pd
 
 from domaingen.collect import n_environments
+from domaingen.errors import DomaingenError
 
 RUN_COLUMNS = ["dataset", "algorithm", "test_env", "hparams_seed", "trial_seed"]
-RESULT_COLUMNS = RUN_COLUMNS + ["step", "val_acc", "test_acc", "indomain_acc"]
+RESULT_COLUMNS = RUN_COLUMNS + ["step", "val_acc", "test_acc", "indomain_acc", "run", "hparams"]
+HPARAMS_CHOICES = ("per_trial", "pooled")
+HPARAMS_CHOICE_TITLES = {
+    "per_trial": "hparams chosen per trial (DomainBed)",
+    "pooled": "hparams chosen once per cell, by validation averaged over trials (pooled)",
+}
 
 
 def _acc_matrix(records: pd.DataFrame, split: str, n_envs: int) -> np.ndarray:
     cols = [f"env{i}_{split}_acc" for i in range(n_envs)]
     return records.reindex(columns=cols).to_numpy(dtype=float)
-
-
-def _train_env_mask(test_envs: pd.Series, n_envs: int) -> np.ndarray:
-    mask = np.ones((len(test_envs), n_envs), dtype=bool)
-    for row, envs in enumerate(test_envs):
-        mask[row, list(envs)] = False
-    return mask
 
 
 def _single_test_env_records(records: pd.DataFrame) -> pd.DataFrame:
@@ -41,15 +55,44 @@ def _single_test_env_records(records: pd.DataFrame) -> pd.DataFrame:
     return singles
 
 
+def _mean_over_training_envs(records: pd.DataFrame, split: str, n_envs: int) -> np.ndarray:
+    """Per row, the mean `split` accuracy over the environments other than its test_env.
+
+    np.mean over the other environments in index order: the same floating-point
+    result as DomainBed's np.mean over a list of them, so exact ties stay ties.
+    """
+    acc = _acc_matrix(records, split, n_envs)
+    test_env = records["test_env"].to_numpy()
+    result = np.full(len(records), np.nan)
+    for env in np.unique(test_env):
+        rows = test_env == env
+        others = [i for i in range(n_envs) if i != env]
+        result[rows] = np.mean(acc[np.ix_(rows, others)], axis=1)
+    return result
+
+
+def _test_acc(records: pd.DataFrame, split: str, n_envs: int) -> np.ndarray:
+    return _acc_matrix(records, split, n_envs)[np.arange(len(records)), records["test_env"].to_numpy()]
+
+
 def _per_dataset(records: pd.DataFrame, fn: Callable[[pd.DataFrame, int], pd.DataFrame]) -> pd.DataFrame:
     parts = [fn(sub, n_environments(records, ds)) for ds, sub in records.groupby("dataset", sort=True)]
     parts = [p for p in parts if len(p)]
     return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=RESULT_COLUMNS)
 
 
-def _pick_best(frame: pd.DataFrame, group: list[str]) -> pd.DataFrame:
-    """The row with the best val_acc per group; the later step wins a tie."""
-    ordered = frame.sort_values(["val_acc", "step"], ascending=[False, False], kind="stable")
+def _with_defaults(frame: pd.DataFrame) -> pd.DataFrame:
+    """Frames built by hand (tests, other readers) may lack the traceability columns."""
+    if "run" not in frame.columns:
+        frame = frame.assign(run="")
+    if "hparams" not in frame.columns:
+        frame = frame.assign(hparams="{}")
+    return frame
+
+
+def _earliest_best(frame: pd.DataFrame, group: list[str]) -> pd.DataFrame:
+    """Per group, the row with the best val_acc; on a tie the earliest step (DomainBed's argmax)."""
+    ordered = frame.sort_values(["val_acc", "step"], ascending=[False, True], kind="stable")
     return ordered.drop_duplicates(group, keep="first")
 
 
@@ -57,34 +100,32 @@ def training_domain_validation(records: pd.DataFrame) -> pd.DataFrame:
     """Per run, the checkpoint with the best mean `out` accuracy over training environments."""
 
     def one(sub: pd.DataFrame, n_envs: int) -> pd.DataFrame:
-        sub = _single_test_env_records(sub)
+        sub = _with_defaults(_single_test_env_records(sub))
         if sub.empty:
             return sub
-        mask = _train_env_mask(sub["test_envs"], n_envs)
-        out = _acc_matrix(sub, "out", n_envs)
-        inn = _acc_matrix(sub, "in", n_envs)
-        sub["val_acc"] = np.where(mask, out, 0.0).sum(1) / mask.sum(1)
+        sub["val_acc"] = _mean_over_training_envs(sub, "out", n_envs)
         sub["indomain_acc"] = sub["val_acc"]
-        sub["test_acc"] = inn[np.arange(len(sub)), sub["test_env"].to_numpy()]
-        return _pick_best(sub, ["run"])[RESULT_COLUMNS]
+        sub["test_acc"] = _test_acc(sub, "in", n_envs)
+        return _earliest_best(sub, ["run"])[RESULT_COLUMNS]
 
     return _per_dataset(records, one)
 
 
+def _last_checkpoints(sub: pd.DataFrame) -> pd.DataFrame:
+    return sub.sort_values("step", kind="stable").drop_duplicates("run", keep="last").copy()
+
+
 def oracle_test_domain_validation(records: pd.DataFrame) -> pd.DataFrame:
-    """Oracle: the last checkpoint only; validation is the test env's `out` accuracy."""
+    """Oracle: the last checkpoint only (no early stopping); validation is the test env's `out` accuracy."""
 
     def one(sub: pd.DataFrame, n_envs: int) -> pd.DataFrame:
-        sub = _single_test_env_records(sub)
+        sub = _with_defaults(_single_test_env_records(sub))
         if sub.empty:
             return sub
-        last = sub.sort_values("step", kind="stable").drop_duplicates("run", keep="last").copy()
-        rows = np.arange(len(last))
-        envs = last["test_env"].to_numpy()
-        last["val_acc"] = _acc_matrix(last, "out", n_envs)[rows, envs]
-        last["test_acc"] = _acc_matrix(last, "in", n_envs)[rows, envs]
-        mask = _train_env_mask(last["test_envs"], n_envs)
-        last["indomain_acc"] = np.where(mask, _acc_matrix(last, "out", n_envs), 0.0).sum(1) / mask.sum(1)
+        last = _last_checkpoints(sub)
+        last["val_acc"] = _test_acc(last, "out", n_envs)
+        last["test_acc"] = _test_acc(last, "in", n_envs)
+        last["indomain_acc"] = _mean_over_training_envs(last, "out", n_envs)
         return last[RESULT_COLUMNS]
 
     return _per_dataset(records, one)
@@ -94,35 +135,44 @@ def leave_one_domain_out(records: pd.DataFrame) -> pd.DataFrame:
     """Validation of v for test env t: v's `in` accuracy in the run holding out {t, v}, averaged over v.
 
     Needs, per (hparams_seed, trial_seed), the single run {t} and every pair run
-    {t, v}, at the same step; a step missing any of them is not considered.
+    {t, v}, at the same step; a step missing any of them is not considered. The
+    average is DomainBed's: the sum over v in index order, divided by n_envs - 1.
     """
 
     def one(sub: pd.DataFrame, n_envs: int) -> pd.DataFrame:
         key = ["algorithm", "hparams_seed", "trial_seed", "step"]
-        singles = _single_test_env_records(sub)
+        singles = _with_defaults(_single_test_env_records(sub))
         pairs = sub[sub["test_envs"].map(len) == 2]
         if singles.empty or pairs.empty:
             return pd.DataFrame(columns=RESULT_COLUMNS)
         # one row per (pair run, held-out env t): the other env v's in-accuracy
         halves = []
+        pair_in = _acc_matrix(pairs, "in", n_envs)
         for t_pos, v_pos in ((0, 1), (1, 0)):
             half = pairs[key].copy()
             half["test_env"] = pairs["test_envs"].map(lambda e, p=t_pos: e[p]).to_numpy()
-            v = pairs["test_envs"].map(lambda e, p=v_pos: e[p]).to_numpy()
-            half["v_acc"] = _acc_matrix(pairs, "in", n_envs)[np.arange(len(pairs)), v]
+            half["v"] = pairs["test_envs"].map(lambda e, p=v_pos: e[p]).to_numpy()
+            half["v_acc"] = pair_in[np.arange(len(pairs)), half["v"].to_numpy()]
             halves.append(half)
         per_v = pd.concat(halves, ignore_index=True)
-        val = per_v.groupby(key + ["test_env"], sort=False)["v_acc"].agg(["mean", "count"]).reset_index()
-        val = val[val["count"] == n_envs - 1].rename(columns={"mean": "val_acc"})
-        rows = np.arange(len(singles))
+        # columns v = 0..n_envs-1 (NaN where no pair run); a duplicate pair run keeps the last record
+        wide = per_v.pivot_table(index=key + ["test_env"], columns="v", values="v_acc", aggfunc="last")
+        wide = wide.reindex(columns=range(n_envs)).reset_index()
+        t = wide["test_env"].to_numpy()
+        vals = wide[list(range(n_envs))].to_numpy(dtype=float)
+        others = np.array([[v for v in range(n_envs) if v != env] for env in t]).reshape(len(t), n_envs - 1)
+        picked = np.take_along_axis(vals, others, axis=1)
+        complete = ~np.isnan(picked).any(axis=1)
+        wide["val_acc"] = np.sum(picked, axis=1) / (n_envs - 1)
+        val = wide[complete][key + ["test_env", "val_acc"]]
         singles = singles.copy()
-        singles["test_acc"] = _acc_matrix(singles, "in", n_envs)[rows, singles["test_env"].to_numpy()]
-        mask = _train_env_mask(singles["test_envs"], n_envs)
-        singles["indomain_acc"] = np.where(mask, _acc_matrix(singles, "out", n_envs), 0.0).sum(1) / mask.sum(1)
-        joined = singles.merge(val[key + ["test_env", "val_acc"]], on=key + ["test_env"], how="inner")
+        singles["test_acc"] = _test_acc(singles, "in", n_envs)
+        singles["indomain_acc"] = _mean_over_training_envs(singles, "out", n_envs)
+        val = val.astype({"hparams_seed": singles["hparams_seed"].dtype, "trial_seed": singles["trial_seed"].dtype})
+        joined = singles.merge(val, on=key + ["test_env"], how="inner")
         if joined.empty:
             return pd.DataFrame(columns=RESULT_COLUMNS)
-        return _pick_best(joined, ["algorithm", "hparams_seed", "trial_seed", "test_env"])[RESULT_COLUMNS]
+        return _earliest_best(joined, ["algorithm", "hparams_seed", "trial_seed", "test_env"])[RESULT_COLUMNS]
 
     return _per_dataset(records, one)
 
@@ -136,16 +186,13 @@ def final_checkpoint(records: pd.DataFrame) -> pd.DataFrame:
     """
 
     def one(sub: pd.DataFrame, n_envs: int) -> pd.DataFrame:
-        sub = _single_test_env_records(sub)
+        sub = _with_defaults(_single_test_env_records(sub))
         if sub.empty:
             return sub
-        last = sub.sort_values("step", kind="stable").drop_duplicates("run", keep="last").copy()
-        rows = np.arange(len(last))
-        inn = _acc_matrix(last, "in", n_envs)
+        last = _last_checkpoints(sub)
         last["val_acc"] = 0.0
-        last["test_acc"] = inn[rows, last["test_env"].to_numpy()]
-        mask = _train_env_mask(last["test_envs"], n_envs)
-        last["indomain_acc"] = np.where(mask, inn, 0.0).sum(1) / mask.sum(1)
+        last["test_acc"] = _test_acc(last, "in", n_envs)
+        last["indomain_acc"] = _mean_over_training_envs(last, "in", n_envs)
         return last[RESULT_COLUMNS]
 
     return _per_dataset(records, one)
@@ -165,8 +212,37 @@ METHOD_TITLES = {
 }
 
 
-def select(records: pd.DataFrame, method: str) -> pd.DataFrame:
-    """Per (dataset, algorithm, test_env): the trials of the hparams draw with the best mean validation."""
+def check_hparams_choice(hparams_choice: str) -> None:
+    """Raise a one-line DomaingenError for an unknown hparams choice."""
+    if hparams_choice not in HPARAMS_CHOICES:
+        raise DomaingenError(
+            f"unknown --hparams_choice {hparams_choice!r}; choose one of {', '.join(HPARAMS_CHOICES)}"
+        )
+
+
+def _per_trial(per_run: pd.DataFrame, smallest_seed_wins: bool) -> pd.DataFrame:
+    ordered = per_run.sort_values(
+        ["val_acc", "hparams_seed"], ascending=[False, smallest_seed_wins], kind="stable"
+    )
+    return ordered.drop_duplicates(["dataset", "algorithm", "test_env", "trial_seed"], keep="first")
+
+
+def _pooled(per_run: pd.DataFrame) -> pd.DataFrame:
+    cell = ["dataset", "algorithm", "test_env"]
+    means = per_run.groupby(cell + ["hparams_seed"], as_index=False)["val_acc"].mean()
+    best = means.sort_values(["val_acc", "hparams_seed"], ascending=[False, True], kind="stable")
+    best = best.drop_duplicates(cell, keep="first")
+    return per_run.merge(best[cell + ["hparams_seed"]], how="inner")
+
+
+def select(records: pd.DataFrame, method: str, hparams_choice: str = "per_trial") -> pd.DataFrame:
+    """The selected checkpoint per (dataset, algorithm, test_env, trial_seed), in that order.
+
+    Columns: RESULT_COLUMNS (val_acc, test_acc, indomain_acc, the run directory's
+    name and the hyperparameters as JSON, besides the keys). `hparams_choice` is
+    "per_trial" (DomainBed's rule, the default) or "pooled"; see the module docstring.
+    """
+    check_hparams_choice(hparams_choice)
     per_run = METHODS[method](records)
     # a checkpoint without a validation accuracy (a test-time mode undefined on the validation
     # split, e.g. known-domain on the test env under oracle selection) cannot be selected
@@ -174,8 +250,9 @@ def select(records: pd.DataFrame, method: str) -> pd.DataFrame:
     if per_run.empty:
         return per_run
     per_run = per_run.astype({"hparams_seed": int, "trial_seed": int, "test_env": int})
-    means = per_run.groupby(["dataset", "algorithm", "test_env", "hparams_seed"], as_index=False)["val_acc"].mean()
-    best = means.sort_values(["val_acc", "hparams_seed"], ascending=[False, True], kind="stable")
-    best = best.drop_duplicates(["dataset", "algorithm", "test_env"], keep="first")
-    chosen = per_run.merge(best[["dataset", "algorithm", "test_env", "hparams_seed"]], how="inner")
-    return chosen.sort_values(RUN_COLUMNS, kind="stable").reset_index(drop=True)
+    if hparams_choice == "pooled":
+        chosen = _pooled(per_run)
+    else:
+        chosen = _per_trial(per_run, smallest_seed_wins=method == "last")
+    order = ["dataset", "algorithm", "test_env", "trial_seed", "hparams_seed"]
+    return chosen.sort_values(order, kind="stable").reset_index(drop=True)[RESULT_COLUMNS]

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import logging
+import shutil
+import sys
 
 import pytest
 import torch
+import torch._dynamo.utils
 
 from conftest import FAST_HPARAMS
 from domaingen.algorithms import ALGORITHMS
@@ -18,23 +21,42 @@ from domaingen.rundir import RunDirectory
 from domaingen.training import TrainConfig, resolve, train
 
 ACCURACY_KEYS = [f"env{i}_{s}_acc" for i in range(3) for s in ("in", "out")]
+FALLBACK = "torch.compile failed for evaluation"
+
+# Inductor compiles CPU graphs with a C++ compiler; where one is installed, compilation must work,
+# and a silent fallback to eager evaluation is a failure of the feature under test.
+needs_compiler = pytest.mark.skipif(
+    sys.platform != "linux" or not any(shutil.which(c) for c in ("g++", "c++", "clang++")),
+    reason="torch.compile is expected to work only where a C++ compiler is installed (Linux)",
+)
+
+
+def compiled_graphs() -> int:
+    """How many distinct graphs torch.compile has captured in this process so far."""
+    return torch._dynamo.utils.counters["stats"]["unique_graphs"]
 
 
 def _erm_mlp():
     space = {**DATASETS.get("ColoredMNIST").hparam_space(), **ALGORITHMS.get("ERM").hparam_space()}
-    hparams = {**draw_hparams(space, "ERM", "ColoredMNIST", 0), **FAST_HPARAMS}
+    hparams = {**draw_hparams(space, "ColoredMNIST", 0), **FAST_HPARAMS}
     torch.manual_seed(0)
     model = ALGORITHMS.get("ERM")((2, 28, 28), 2, 2, hparams)
     return model.eval()
 
 
-def test_compiled_logits_equal_eager_logits_for_every_batch_length():
+@needs_compiler
+def test_compiled_logits_equal_eager_logits_for_every_batch_length(caplog):
     model = _erm_mlp()
     predict = CompiledPredict(model, batch_size=8)
     x = torch.rand(19, 2, 28, 28)
-    with torch.inference_mode():
+    graphs = compiled_graphs()
+    with caplog.at_level(logging.WARNING), torch.inference_mode():
         for n in (3, 8, 19):  # shorter than, equal to and longer than the compiled batch
             assert torch.allclose(predict(x[:n]), model.predict(x[:n]), atol=1e-5, rtol=1e-5)
+    # the compiled path was taken: no fallback to eager, and dynamo captured a graph
+    assert predict.compiled is not None
+    assert not [r for r in caplog.records if FALLBACK in r.getMessage()]
+    assert compiled_graphs() > graphs
 
 
 def test_every_call_reaches_the_compiled_graph_with_one_shape(monkeypatch):
@@ -85,9 +107,15 @@ def _config(out, **kw) -> TrainConfig:
                        data_dir="embedded", hparams=dict(FAST_HPARAMS), steps=4, checkpoint_freq=3, **kw)
 
 
-def test_a_compiled_run_records_the_eager_accuracies(tmp_path):
+@needs_compiler
+def test_a_compiled_run_records_the_eager_accuracies(tmp_path, caplog):
     train(_config(tmp_path / "eager", compile_eval=False))
-    train(_config(tmp_path / "compiled", compile_eval=True))
+    graphs = compiled_graphs()
+    with caplog.at_level(logging.WARNING):
+        train(_config(tmp_path / "compiled", compile_eval=True))
+    # the accuracies below come from the compiled graph, not from a silent fallback to eager
+    assert not [r for r in caplog.records if FALLBACK in r.getMessage()]
+    assert compiled_graphs() > graphs
     eager = RunDirectory(tmp_path / "eager").records()
     compiled = RunDirectory(tmp_path / "compiled").records()
     assert [r["step"] for r in compiled] == [0, 3]

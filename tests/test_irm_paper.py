@@ -89,7 +89,7 @@ def test_full_penalty_estimator_is_the_squared_gradient_of_the_whole_batch():
 def irm_paper_algorithm(**overrides):
     name = "IRM"
     space = {**DATASETS.get("IRMColoredMNIST").hparam_space(), **ALGORITHMS.get(name).hparam_space()}
-    hparams = {**draw_hparams(space, name, "IRMColoredMNIST", 0), "mlp_width": 16,
+    hparams = {**draw_hparams(space, "IRMColoredMNIST", 0), "mlp_width": 16,
                "penalty_schedule": "irm_paper", "irm_penalty_estimator": "full", **overrides}
     torch.manual_seed(0)
     return ALGORITHMS.get(name)((2, 14, 14), 2, 2, hparams)
@@ -100,34 +100,62 @@ def toy_envs(seed=0):
     return [(torch.rand(32, 2, 14, 14, generator=g), torch.randint(0, 2, (32,), generator=g)) for _ in range(2)]
 
 
-def test_irm_paper_schedule_divides_the_loss_and_keeps_adam():
-    """After the anneal, one step equals Adam on (nll + l2 + w * penalty) / w, with the same Adam."""
-    a = irm_paper_algorithm(irm_lambda=1000.0, irm_penalty_anneal_iters=1, l2_weight=0.01)
-    a.update(toy_envs(0))
-    adam = a.optimizer
-    b = irm_paper_algorithm(irm_lambda=1000.0, irm_penalty_anneal_iters=1, l2_weight=0.01)
-    b.load_checkpoint_state(a.checkpoint_state())
-    batches = toy_envs(1)
-    a.update(batches)
-    assert a.optimizer is adam  # no restart at the switch
-    logits = b.network(torch.cat([x for x, _ in batches]))
+def objective_gradients(algorithm, batches, weight: float, divide: bool) -> list[torch.Tensor]:
+    """Gradients of nll + l2 + weight * penalty (over weight if `divide`), computed here from the loss's definition."""
+    logits = algorithm.network(torch.cat([x for x, _ in batches]))
     per_env = list(zip(logits.split(32), [y for _, y in batches]))
     nll = torch.stack([classification_loss(l, y) for l, y in per_env]).mean()
     penalty = torch.stack([irm_penalty(l, y, "full") for l, y in per_env]).mean()
-    l2 = 0.01 * sum(p.square().sum() for p in b.network.parameters())
+    l2 = algorithm.hparams["l2_weight"] * sum(p.square().sum() for p in algorithm.network.parameters())
+    total = nll + l2 + weight * penalty
+    if divide:
+        total = total / weight
+    return list(torch.autograd.grad(total, list(algorithm.network.parameters())))
+
+
+def after_one_annealed_update(schedule: str):
+    """(the algorithm after its first update, a copy of it, the next batches)."""
+    a = irm_paper_algorithm(penalty_schedule=schedule, irm_lambda=1000.0, irm_penalty_anneal_iters=1, l2_weight=0.01)
+    a.update(toy_envs(0))
+    b = irm_paper_algorithm(penalty_schedule=schedule, irm_lambda=1000.0, irm_penalty_anneal_iters=1, l2_weight=0.01)
+    b.load_checkpoint_state(a.checkpoint_state())
+    return a, b, toy_envs(1)
+
+
+def test_irm_paper_schedule_divides_the_loss_and_keeps_adam():
+    """After the anneal, one step equals Adam on (nll + l2 + w * penalty) / w, with the same Adam."""
+    a, b, batches = after_one_annealed_update("irm_paper")
+    adam = a.optimizer
+    divided = objective_gradients(b, batches, 1000.0, divide=True)
+    undivided = objective_gradients(b, batches, 1000.0, divide=False)
+    a.update(batches)
+    assert a.optimizer is adam  # no restart at the switch
+    # the gradient the step used is the divided objective's, 1000 times smaller than the undivided one's
+    for p, g in zip(a.network.parameters(), divided):
+        assert torch.allclose(p.grad, g, rtol=1e-4, atol=1e-9)
+    used = torch.cat([p.grad.flatten() for p in a.network.parameters()])
+    assert torch.cat([g.flatten() for g in undivided]).norm() / used.norm() == pytest.approx(1000.0, rel=1e-3)
     b.optimizer.zero_grad()
-    ((nll + l2 + 1000.0 * penalty) / 1000.0).backward()
+    for p, g in zip(b.network.parameters(), divided):
+        p.grad = g.clone()
     b.optimizer.step()
     for pa, pb in zip(a.network.parameters(), b.network.parameters()):
         assert torch.allclose(pa, pb, atol=1e-6)
 
 
 def test_domainbed_schedule_restarts_adam_and_does_not_divide():
-    a = irm_paper_algorithm(penalty_schedule="domainbed", irm_penalty_anneal_iters=1)
-    a.update(toy_envs(0))
+    a, b, batches = after_one_annealed_update("domainbed")
     adam = a.optimizer
-    a.update(toy_envs(1))
+    undivided = objective_gradients(b, batches, 1000.0, divide=False)
+    a.update(batches)
     assert a.optimizer is not adam
+    # the gradient the step used is the undivided objective's (the penalty weighs 1000, not 1)
+    for p, g in zip(a.network.parameters(), undivided):
+        assert torch.allclose(p.grad, g, rtol=1e-4, atol=1e-9)
+    # a fresh Adam's first moment after one step is (1 - beta1) * that gradient
+    beta1 = a.optimizer.param_groups[0]["betas"][0]
+    for p, g in zip(a.network.parameters(), undivided):
+        assert torch.allclose(a.optimizer.state[p]["exp_avg"], (1 - beta1) * g, rtol=1e-4, atol=1e-12)
 
 
 @pytest.mark.parametrize("key, value, message", [
@@ -164,8 +192,12 @@ def test_a_short_irm_paper_run_records_train_and_test_accuracy(mnist_dir, tmp_pa
     assert outcome.state == "done" and [r["step"] for r in records] == [0, 2]
     assert all(r["env2_out_acc"] is None for r in records)  # no validation split with holdout 0 (NaN -> null)
     assert records[-1]["epoch"] == 2.0  # one full-batch step is one epoch
-    assert records[-1]["modreg_featurizer.layers.1_inputs_total"] == 392
-    assert 0.0 <= records[-1]["modreg_kept_fraction"] <= 1.0
+    assert records[-1]["modreg_featurizer.layers.1_inputs_total"] == 2 * 14 * 14
+    # the kept fraction, computed from the saved final weights: mask logits > 0 over all mask logits
+    model = torch.load(tmp_path / "run" / "checkpoint.pt", weights_only=False)["algorithm"]["model"]
+    masks = [v for k, v in model.items() if k.endswith(".mask_logits")]
+    kept = sum(int((m > 0).sum()) for m in masks) / sum(m.numel() for m in masks)
+    assert masks and records[-1]["modreg_kept_fraction"] == pytest.approx(kept)
 
 
 def test_collect_last_selection_reports_the_final_test_accuracy(mnist_dir, tmp_path, capsys):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -24,14 +25,14 @@ def frame(rows):
     return pd.DataFrame(rows)
 
 
-def test_training_domain_validation_picks_step_then_hparams():
+def test_training_domain_validation_picks_step_then_hparams_per_trial():
     rows = [
         # hparams 0: val (mean out of envs 1, 2) = .5 then .7 (trial 0); .6 then .4 (trial 1)
         rec("A", [0], 0, 0, 0, [.10, .9, .9], [.20, .4, .6]),
         rec("A", [0], 0, 0, 1, [.30, .9, .9], [.20, .6, .8]),
         rec("A", [0], 0, 1, 0, [.50, .9, .9], [.20, .6, .6]),
         rec("A", [0], 0, 1, 1, [.70, .9, .9], [.20, .4, .4]),
-        # hparams 1: val .8 (trial 0), .9 (trial 1): mean .85 > hparams 0's (.7 + .6) / 2
+        # hparams 1: val .8 (trial 0), .9 (trial 1): better in both trials
         rec("A", [0], 1, 0, 0, [.40, .9, .9], [.99, .8, .8]),
         rec("A", [0], 1, 1, 0, [.60, .9, .9], [.99, .9, .9]),
     ]
@@ -45,14 +46,51 @@ def test_training_domain_validation_picks_step_then_hparams():
     assert chosen["step"].tolist() == [1, 0]
 
 
-def test_ties_go_to_later_step_and_smaller_hparams_seed():
+def per_trial_vs_pooled_rows():
+    """Trial 0 prefers draw 0 (val .9 vs .8), trial 1 draw 1 (.85 vs .5); averaged, draw 1 wins (.825 vs .7)."""
+    return [
+        rec("A", [0], 0, 0, 0, [.11, .9], [.0, .9]),
+        rec("A", [0], 0, 1, 0, [.22, .9], [.0, .5]),
+        rec("A", [0], 1, 0, 0, [.33, .9], [.0, .8]),
+        rec("A", [0], 1, 1, 0, [.44, .9], [.0, .85]),
+    ]
+
+
+def test_per_trial_and_pooled_choose_different_draws():
+    per_trial = select(frame(per_trial_vs_pooled_rows()), "training")
+    assert per_trial[["trial_seed", "hparams_seed", "test_acc"]].values.tolist() == [[0, 0, .11], [1, 1, .44]]
+    pooled = select(frame(per_trial_vs_pooled_rows()), "training", "pooled")
+    assert pooled[["trial_seed", "hparams_seed", "test_acc"]].values.tolist() == [[0, 1, .33], [1, 1, .44]]
+    tables = build_tables(Collection(frame(per_trial_vs_pooled_rows())), ["training"])
+    assert tables[0].rows["A"][0].values == [.11, .44]
+    assert "pooled" not in tables[0].title
+    pooled_tables = build_tables(Collection(frame(per_trial_vs_pooled_rows())), ["training"], "pooled")
+    assert pooled_tables[0].rows["A"][0].values == [.33, .44]
+    assert all("pooled" in t.title for t in pooled_tables)
+
+
+def test_ties_go_to_the_earliest_step_and_the_largest_hparams_seed_as_in_domainbed():
     rows = [
         rec("A", [0], 0, 0, 0, [.1, .9], [.0, .5]),
-        rec("A", [0], 0, 0, 1, [.2, .9], [.0, .5]),  # same val: the later step wins
-        rec("A", [0], 3, 0, 0, [.7, .9], [.0, .5]),  # same val as hparams 0: the smaller seed wins
+        rec("A", [0], 0, 0, 1, [.2, .9], [.0, .5]),  # same val: the earlier step (0) wins
+        rec("A", [0], 3, 0, 0, [.7, .9], [.0, .5]),  # same val as hparams 0: the larger seed (3) wins
+        rec("A", [0], 2, 0, 0, [.6, .9], [.0, .5]),
     ]
     chosen = select(frame(rows), "training")
-    assert chosen[["hparams_seed", "step", "test_acc"]].values.tolist() == [[0, 1, .2]]
+    assert chosen[["hparams_seed", "step", "test_acc"]].values.tolist() == [[3, 0, .7]]
+    # pooled keeps its own rule: the smaller hparams_seed wins a tie
+    chosen = select(frame(rows), "training", "pooled")
+    assert chosen[["hparams_seed", "step", "test_acc"]].values.tolist() == [[0, 0, .1]]
+
+
+def test_exact_ties_are_decided_on_the_same_floating_point_values_as_domainbed():
+    # mathematically both checkpoints validate at .2, but in floating point
+    # (.3 + .2) + .1 < (.1 + .2) + .3, so np.mean, as DomainBed computes it, prefers step 1
+    outs = {0: [.0, .3, .2, .1], 1: [.0, .1, .2, .3]}
+    rows = [rec("A", [0], 0, 0, step, [.1 * (step + 1), .9, .9, .9], outs[step]) for step in (0, 1)]
+    expected = max((0, 1), key=lambda s: np.mean(outs[s][1:]))
+    assert np.mean(outs[0][1:]) != np.mean(outs[1][1:]) and expected == 1
+    assert select(frame(rows), "training")["step"].tolist() == [expected]
 
 
 def test_oracle_uses_the_last_checkpoint_and_the_test_env_out_split():
@@ -107,34 +145,64 @@ def test_cell_std_is_the_sample_standard_deviation():
     cell = Cell([0.1, 0.2, 0.6])
     assert cell.std == pytest.approx(float(pd.Series([0.1, 0.2, 0.6]).std()))
     assert cell.text(error="std") == f"30.0 ± {100 * cell.std:.1f}"
-    assert cell.text() == f"30.0 ± {100 * cell.se:.1f}"
+    assert cell.text(error="se") == f"30.0 ± {100 * cell.se:.1f}"
 
 
-def test_cell_mean_and_standard_error_use_the_sample_std():
+def test_cell_error_bars_domainbed_and_sample_standard_error():
     cell = Cell([0.5, 0.7, 0.9])
     assert cell.mean == pytest.approx(0.7)
-    assert cell.se == pytest.approx(math.sqrt(((0.2**2) * 2) / 2) / math.sqrt(3))
-    assert cell.text() == "70.0 ± 11.5"
-    assert cell.text(show_n=True) == "70.0 ± 11.5 (n=3)"
-    assert Cell([0.5]).text() == "50.0"
+    # DomainBed: population std (ddof 0) of the values, over sqrt(n): sqrt((.04 + 0 + .04) / 3) / sqrt(3)
+    assert cell.domainbed_se == pytest.approx(math.sqrt(0.08 / 3) / math.sqrt(3))
+    assert cell.text() == "70.0 ± 9.4"
+    assert cell.text(show_n=True) == "70.0 ± 9.4 (n=3)"
+    # sample standard error (ddof 1): sqrt(.08 / 2) / sqrt(3), sqrt(3 / 2) times DomainBed's
+    assert cell.se == pytest.approx(math.sqrt(0.08 / 2) / math.sqrt(3))
+    assert cell.se / cell.domainbed_se == pytest.approx(math.sqrt(1.5))
+    assert cell.text(error="se") == "70.0 ± 11.5"
+    two = Cell([0.6, 0.8])  # at 2 trials the two differ by sqrt(2): 7.1 and 10.0
+    assert (two.text(), two.text(error="se")) == ("70.0 ± 7.1", "70.0 ± 10.0")
+    assert Cell([0.5]).text() == "50.0" and Cell([0.5]).domainbed_se == 0.0
 
 
-def test_table_cells_and_average_column():
+def test_table_cells_average_column_and_averages_table():
     rows = []
     for trial, (a0, a1) in enumerate([(.6, .2), (.8, .4)]):
         rows.append(rec("A", [0], 0, trial, 0, [a0, .9], [.5, .7]))
         rows.append(rec("A", [1], 0, trial, 0, [.9, a1], [.3, .5]))
+    rows.append(rec("A", [0], 0, 2, 0, [.3, .9], [.5, .7]))  # a third trial with test env 0 only
     tables = build_tables(Collection(frame(rows)), ["training"])
     test_table = tables[0]
     assert test_table.columns == ["env0", "env1", "Avg"]
     cells = test_table.rows["A"]
-    assert [c.mean for c in cells] == pytest.approx([.7, .3, .5])
-    assert cells[2].values == pytest.approx([.4, .6])  # per-trial averages over environments
+    env0_mean = (.6 + .8 + .3) / 3
+    assert [c.mean for c in cells] == pytest.approx([env0_mean, .3, (env0_mean + .3) / 2])
+    # Avg: the mean of the column means, no error bar (DomainBed's Avg column)
+    assert not cells[2].error_bar and cells[2].text() == f"{100 * (env0_mean + .3) / 2:.1f}"
+    # averages over datasets: per trial, the mean over the environments that trial has (DomainBed's)
+    averages = tables[1].rows["A"][0]
+    per_trial = [(.6 + .2) / 2, (.8 + .4) / 2, .3]
+    assert averages.values == pytest.approx(per_trial)
+    assert averages.domainbed_se == pytest.approx(float(np.std(np.array(per_trial) / math.sqrt(3))))
+    assert "1 trial(s) averaged over fewer than 2 environments" in averages.note
     csv = pd.read_csv(__import__("io").StringIO(to_csv(tables)))
     avg = csv[(csv["table"] == "test") & (csv["column"] == "Avg") & (csv["dataset"] == "Toy")]
-    assert avg["mean"].iloc[0] == pytest.approx(.5) and avg["n"].iloc[0] == 2
+    assert avg["mean"].iloc[0] == pytest.approx((env0_mean + .3) / 2) and pd.isna(avg["error"].iloc[0])
     indomain = tables[2].rows["A"]
-    assert [c.mean for c in indomain[:2]] == pytest.approx([.7, .3])
+    assert [c.mean for c in indomain[:2]] == pytest.approx([.7, .3])  # the other env's out split
+
+
+def test_csv_traces_every_cell_to_its_runs(tmp_path):
+    rows = per_trial_vs_pooled_rows()
+    for row in rows:
+        row["step"] = 10 * row["hparams_seed"] + row["trial_seed"]
+    tables = build_tables(Collection(frame(rows)), ["training"])
+    csv = pd.read_csv(__import__("io").StringIO(to_csv(tables)), dtype=str, keep_default_na=False)
+    cell = csv[(csv["table"] == "test") & (csv["column"] == "env0")].iloc[0]
+    assert cell["trial_seeds"] == "0;1" and cell["hparams_seeds"] == "0;1" and cell["steps"] == "0;11"
+    assert cell["runs"] == f"{rows[0]['run']};{rows[3]['run']}"  # draw 0 in trial 0, draw 1 in trial 1
+    assert cell["hparams_choice"] == "per_trial" and cell["error_kind"] == "domainbed"
+    assert float(cell["error"]) == pytest.approx(float(np.std(np.array([.11, .44]) / math.sqrt(2))))
+    assert cell["missing"] == "0"
 
 
 def test_domainbed_output_directories_are_collected(tmp_path):
@@ -166,4 +234,5 @@ def test_domainbed_output_directories_are_collected(tmp_path):
     assert len(collection.records) == 8
     tables = build_tables(collection, ["training"])
     assert [round(c.mean, 4) for c in tables[0].rows["ERM"][:2]] == [0.65, 0.65]
-    assert "missing" in tables[0].rows["ERM"][2].text()
+    # only environments 0 and 1 were held out: no -90% column, and Avg says what it averages
+    assert tables[0].columns == ["+90%", "+80%", "Avg (+90%, +80%)"]

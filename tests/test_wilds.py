@@ -129,3 +129,35 @@ def test_group_mean_stand_in_matches_a_direct_mean():
     groups = torch.tensor([0, 0, 2, 2, 2])
     assert scatter_mean(values, groups, dim_size=4).tolist() == pytest.approx([0.5, 0.0, 2 / 3, 0.0])
     assert scatter_mean(values, groups, dim_size=4, reduce="sum").tolist() == [1.0, 0.0, 2.0, 0.0]
+
+
+@needs_wilds
+def test_collect_tabulates_wilds_metrics_selected_on_the_ood_validation_split(data_dir, tmp_path):
+    from domaingen.collect import collect
+    from domaingen.reporting import build_tables, to_csv, to_markdown
+
+    sweep = tmp_path / "sweep"
+    for hparams_seed, trial in ((0, 0), (1, 0), (0, 1)):  # two draws in trial 0: selection across draws
+        train(TrainConfig(dataset="FMoWOfficial", algorithm="ERM", output_dir=str(sweep / f"h{hparams_seed}t{trial}"),
+                          test_envs=[1, 2, 3, 4], data_dir=str(data_dir), hparams=SMALL, hparams_seed=hparams_seed,
+                          trial_seed=trial, steps=2, checkpoint_freq=1, holdout_fraction=0.25))
+    collection = collect(sweep)
+    tables = build_tables(collection, ["training", "oracle"])
+    assert [t.key for t in tables] == ["FMoWOfficial/wilds/wilds"]  # no single test environment: no LODO tables
+    table = tables[0]
+    assert table.columns[0] == "test acc_worst_region"  # FMoW's primary metric first
+    assert {"test acc_avg", "test acc_worst_year"} <= set(table.columns)
+    # by hand: per trial, the checkpoint with the best OOD validation worst-region accuracy over every
+    # draw and step; ties to the smaller hparams_seed, then the earlier step
+    records = [r for run in sorted(sweep.iterdir()) for r in RunDirectory(run).records()]
+    best = {}
+    for trial in (0, 1):
+        mine = [r for r in records if r["args"]["trial_seed"] == trial]
+        best[trial] = max(mine, key=lambda r: (r["wilds_val_acc_worst_region"], -r["args"]["hparams_seed"], -r["step"]))
+    for column, cell in zip(table.columns, table.rows["ERM"]):
+        key = "wilds_" + column.replace(" ", "_", 1)
+        assert cell.values == [best[0][key], best[1][key]]
+    assert table.caption() == ("FMoWOfficial: WILDS' metrics of the OOD test split, selected per trial on "
+                               "val_acc_worst_region (data: fmow_v1.1-30 (wilds reader))")
+    assert "### FMoWOfficial: WILDS' metrics" in to_markdown(tables, collection)
+    assert "test acc_worst_region" in to_csv(tables)

@@ -239,6 +239,8 @@ class WildsOfficial(WildsDomains):
     """
 
     NEEDS_WILDS = True
+    # WILDS' model selection and ranking metric, read on its OOD validation split 'val'
+    PRIMARY_METRIC: ClassVar[str] = "acc_avg"
 
     def environment_masks(self, table):
         return [(name, table.split == table.split_codes[name]) for name in self.ENVIRONMENTS]
@@ -304,6 +306,7 @@ class FMoWOfficial(WildsOfficial):
     """WILDS FMoW with its official splits; records WILDS' worst-region accuracy (wilds_test_acc_worst_region)."""
 
     ENVIRONMENTS = ("train", "id_val", "id_test", "val", "test")
+    PRIMARY_METRIC = "acc_worst_region"
     INPUT_SHAPE = FMoW.INPUT_SHAPE
     NUM_CLASSES = 62
     WILDS_NAME, FOLDER, METADATA_FILE, DOWNLOAD_SIZE = "fmow", "fmow_v1.1", "rgb_metadata.csv", "about 50 GB"
