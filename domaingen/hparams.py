@@ -1,10 +1,13 @@
 """Hyperparameters: declared beside their class, drawn reproducibly.
 
 Each algorithm and dataset declares `HPARAMS = {name: HParam(default, sampler)}`.
-A run's values depend on (algorithm, dataset, hparams_seed) only, never on the
-trial seed, and every name draws from its own seeded generator, so adding a
-hyperparameter never changes the draws of the others. hparams_seed 0 gives the
-defaults (DomainBed's convention).
+A run's values depend on (dataset, hparams_seed, name) only, never on the trial
+seed and never on the algorithm: two algorithms that share a name (lr,
+batch_size, mlp_width, ...) draw the same value at the same hparams_seed, so
+draw k of ERM and of IRM differ only in what IRM adds (as in DomainBed). Every
+name draws from its own seeded generator, so adding a hyperparameter never
+changes the draws of the others. hparams_seed 0 gives the defaults (DomainBed's
+convention).
 """
 
 from __future__ import annotations
@@ -93,12 +96,11 @@ def seed_hash(*parts: Any) -> int:
     return int(digest[:8], 16) & 0x7FFFFFFF
 
 
-def draw_hparams(
-    space: Mapping[str, HParam], algorithm: str, dataset: str, hparams_seed: int
-) -> dict[str, Any]:
+def draw_hparams(space: Mapping[str, HParam], dataset: str, hparams_seed: int) -> dict[str, Any]:
     """The hyperparameters of one run: defaults for seed 0, else one random draw.
 
-    Each name has its own generator seeded by (algorithm, dataset, hparams_seed, name).
+    Each name has its own generator seeded by (dataset, hparams_seed, name): the
+    algorithm does not enter, so a name shared by two algorithms draws one value.
     """
     if hparams_seed < 0:
         raise HParamError(f"hparams_seed must be >= 0, got {hparams_seed}")
@@ -107,7 +109,7 @@ def draw_hparams(
         if hparams_seed == 0 or hp.sampler is None:
             values[name] = hp.default
         else:
-            rng = np.random.default_rng(seed_hash(algorithm, dataset, hparams_seed, name))
+            rng = np.random.default_rng(seed_hash(dataset, hparams_seed, name))
             values[name] = hp.sampler(rng)
     return values
 

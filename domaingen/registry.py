@@ -66,6 +66,16 @@ class Registry(Generic[T]):
             valid += "; and X+" + ", X+".join(self._modifiers) + " for any of them"
         raise UnknownNameError(f"unknown {self.kind} '{name}'; valid {self.kind}s: {valid}")
 
+    def base_name(self, name: str) -> str:
+        """The registered name under `name`: `BASE` for `BASE+MODIFIER`, `name` itself otherwise.
+
+        An unknown name raises the same message as `get`.
+        """
+        self.get(name)
+        if name in self._entries:
+            return name
+        return name.rpartition("+")[0]
+
     def names(self) -> list[str]:
         """Registered names, in registration order."""
         return list(self._entries)

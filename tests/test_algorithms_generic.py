@@ -18,7 +18,7 @@ ALL_ALGORITHMS = ALGORITHMS.names() + ALGORITHMS.composed_names()
 
 def default_hparams(name: str, **overrides) -> dict:
     space = {**DATASETS.get("ColoredMNIST").hparam_space(), **ALGORITHMS.get(name).hparam_space()}
-    return {**draw_hparams(space, name, "ColoredMNIST", 0), **overrides}
+    return {**draw_hparams(space, "ColoredMNIST", 0), **overrides}
 
 
 def separable_batches(shape, n=16, seed=0, domains=NUM_DOMAINS):

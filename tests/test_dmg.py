@@ -17,7 +17,7 @@ from domaingen.datasets import DATASETS, split_environments
 from domaingen.errors import DomaingenError
 from domaingen.evaluation import evaluate, training_domains
 from domaingen.hparams import draw_hparams, log_uniform_or_zero
-from domaingen.masks import (
+from domaingen.masks.neuron_masks import (
     DomainNeuronMasks,
     mean_pairwise_iou,
     neuron_mask_statistics,
@@ -108,7 +108,7 @@ def test_lambda_o_sampler_is_deterministic_in_range_and_includes_zero():
     assert all(1e-5 <= d <= 1.0 for d in draws if d != 0.0)
     assert str(sampler) == "0 w.p. 0.2, else 10^U(-5,0)"
     space = ALGORITHMS.get("DMG").hparam_space()
-    assert draw_hparams(space, "DMG", "ColoredMNIST", 0)["dmg_lambda_o"] == 0.1
+    assert draw_hparams(space, "ColoredMNIST", 0)["dmg_lambda_o"] == 0.1
 
 
 # --- training ---

@@ -23,40 +23,40 @@ def space(algorithm="IRM", dataset="ColoredMNIST"):
 
 def test_seed_zero_gives_defaults():
     s = space()
-    assert draw_hparams(s, "IRM", "ColoredMNIST", 0) == {k: hp.default for k, hp in s.items()}
-    values = draw_hparams(s, "IRM", "ColoredMNIST", 0)
+    assert draw_hparams(s, "ColoredMNIST", 0) == {k: hp.default for k, hp in s.items()}
+    values = draw_hparams(s, "ColoredMNIST", 0)
     assert values["lr"] == 1e-3 and values["batch_size"] == 64 and values["irm_lambda"] == 1e2
 
 
 def test_draws_are_deterministic_and_differ_between_seeds():
     s = space()
-    a = draw_hparams(s, "IRM", "ColoredMNIST", 3)
-    assert a == draw_hparams(s, "IRM", "ColoredMNIST", 3)
-    assert a != draw_hparams(s, "IRM", "ColoredMNIST", 4)
-    assert a != draw_hparams(s, "IRM", "RotatedMNIST", 3)
+    a = draw_hparams(s, "ColoredMNIST", 3)
+    assert a == draw_hparams(s, "ColoredMNIST", 3)
+    assert a != draw_hparams(s, "ColoredMNIST", 4)
+    assert a != draw_hparams(s, "RotatedMNIST", 3)
 
 
 def test_draw_equals_independent_generator_per_name():
     s = space()
-    drawn = draw_hparams(s, "IRM", "ColoredMNIST", 7)
-    rng = np.random.default_rng(seed_hash("IRM", "ColoredMNIST", 7, "lr"))
+    drawn = draw_hparams(s, "ColoredMNIST", 7)
+    rng = np.random.default_rng(seed_hash("ColoredMNIST", 7, "lr"))
     assert drawn["lr"] == pytest.approx(10 ** rng.uniform(-4.5, -2.5))
-    rng = np.random.default_rng(seed_hash("IRM", "ColoredMNIST", 7, "batch_size"))
+    rng = np.random.default_rng(seed_hash("ColoredMNIST", 7, "batch_size"))
     assert drawn["batch_size"] == int(2 ** rng.uniform(3, 9))
 
 
 def test_adding_a_hyperparameter_changes_no_other_draw():
     s = space()
-    extended = {"zzz_new": HParam(1.0, log_uniform(-1, 1)), **s}
-    before = draw_hparams(s, "IRM", "ColoredMNIST", 5)
-    after = draw_hparams(extended, "IRM", "ColoredMNIST", 5)
+    extended = {"aaa_new": HParam(1.0, log_uniform(-1, 1)), **s, "zzz_new": HParam(2.0, log_uniform(-2, 2))}
+    before = draw_hparams(s, "ColoredMNIST", 5)
+    after = draw_hparams(extended, "ColoredMNIST", 5)
     assert {k: after[k] for k in before} == before
 
 
 def test_draws_lie_in_their_ranges():
     s = space()
     for seed in range(1, 60):
-        h = draw_hparams(s, "IRM", "ColoredMNIST", seed)
+        h = draw_hparams(s, "ColoredMNIST", seed)
         assert 10**-4.5 <= h["lr"] <= 10**-2.5
         assert 8 <= h["batch_size"] <= 512
         assert 1 <= h["irm_penalty_anneal_iters"] <= 10_000
@@ -80,7 +80,7 @@ def test_hparams_do_not_depend_on_trial_seed(tmp_path):
 
 def test_overrides_replace_values():
     s = space()
-    merged = apply_overrides(draw_hparams(s, "IRM", "ColoredMNIST", 0), parse_overrides('{"lr": 1e-4}'), s)
+    merged = apply_overrides(draw_hparams(s, "ColoredMNIST", 0), parse_overrides('{"lr": 1e-4}'), s)
     assert merged["lr"] == 1e-4 and merged["batch_size"] == 64
 
 
@@ -106,3 +106,40 @@ def test_non_numeric_override_for_numeric_hparam():
     s = space()
     with pytest.raises(HParamError, match="'lr' must be a finite number"):
         apply_overrides({}, {"lr": "fast"}, s)
+
+
+
+@pytest.mark.parametrize("hparams_seed", [0, 1, 6])
+def test_shared_hyperparameters_draw_one_value_for_every_algorithm(hparams_seed):
+    """lr, batch_size, widths... at draw k are the same for ERM, IRM, VREx, Fish, SANDMask, DMG, X+ModReg."""
+    names = ALGORITHMS.names() + ["ERM+ModReg", "IRM+ModReg"]
+    draws = {name: draw_hparams(space(name), "ColoredMNIST", hparams_seed) for name in names}
+    shared = set.intersection(*(set(d) for d in draws.values()))
+    assert {"lr", "batch_size", "weight_decay"} <= shared
+    for key in shared:
+        values = {name: d[key] for name, d in draws.items()}
+        assert len({repr(v) for v in values.values()}) == 1, (key, values)
+    # and the value is the per-name generator's, seeded without any algorithm name
+    if hparams_seed:
+        rng = np.random.default_rng(seed_hash("ColoredMNIST", hparams_seed, "lr"))
+        assert draws["ERM"]["lr"] == pytest.approx(10 ** rng.uniform(-4.5, -2.5))
+
+
+def test_modreg_draws_the_base_draw_plus_its_own(tmp_path):
+    """IRM+ModReg at draw k = IRM at draw k, plus the modreg_* names."""
+    base = resolve(TrainConfig("ColoredMNIST", "IRM", str(tmp_path), hparams_seed=3)).hparams
+    composed = resolve(TrainConfig("ColoredMNIST", "IRM+ModReg", str(tmp_path), hparams_seed=3)).hparams
+    assert {k: composed[k] for k in base} == base
+    assert all(k.startswith("modreg_") for k in set(composed) - set(base))
+
+
+def test_modreg_runs_get_the_base_algorithms_training_seed(tmp_path):
+    def seed(algorithm, **kw):
+        return resolve(TrainConfig("ColoredMNIST", algorithm, str(tmp_path), test_envs=[2], **kw)).args["seed"]
+
+    for kw in ({}, {"hparams_seed": 4, "trial_seed": 1}):
+        assert seed("ERM+ModReg", **kw) == seed("ERM", **kw)
+        assert seed("IRM+ModReg", **kw) == seed("IRM", **kw)
+        assert seed("IRM", **kw) != seed("ERM", **kw)
+    # X's own seed is unchanged: the same hash of (dataset, X, test envs, hparams_seed, trial_seed) as before
+    assert seed("ERM", hparams_seed=4, trial_seed=1) == seed_hash("ColoredMNIST", "ERM", [2], 4, 1)

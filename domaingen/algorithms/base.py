@@ -11,6 +11,7 @@ from torch import nn
 
 from domaingen.errors import DomaingenError
 from domaingen.hparams import HParam
+from domaingen.masks.weight_masks import weight_mask_logits
 from domaingen.networks import build_classifier, build_featurizer
 from domaingen.registry import Registry
 
@@ -29,6 +30,9 @@ class Algorithm(nn.Module):
     """
 
     HPARAMS: ClassVar[dict[str, HParam]] = {}
+    # Why the method's objective cannot take an additive penalty (a regularizer such as
+    # ModReg is then refused); empty when it can.
+    NO_ADDITIVE_PENALTY: ClassVar[str] = ""
     # image models run channels-last (faster oneDNN/cuDNN convolutions) unless a method opts out
     prefers_channels_last: ClassVar[bool] = True
     # Extra test-time modes that evaluation reports beside the default `predict`
@@ -52,6 +56,11 @@ class Algorithm(nn.Module):
             space.update(klass.__dict__.get("HPARAMS", {}) or {})
         return space
 
+    @classmethod
+    def check_hparams(cls, hparams: Mapping[str, Any]) -> None:
+        """Raise DomaingenError for hyperparameter values the algorithm cannot use (called
+        before a run creates its directory); nothing to check by default."""
+
     def update(self, minibatches: Minibatches) -> dict[str, float]:
         """One training step; returns named scalar losses (at least 'loss')."""
         raise NotImplementedError
@@ -66,6 +75,34 @@ class Algorithm(nn.Module):
 
     def diagnostics(self) -> dict[str, Any]:
         """Extra fields written into every results record (e.g. mask statistics); none by default."""
+        return {}
+
+    # --- hooks of `domaingen diagnose` (a new algorithm gets sensible defaults) ---
+
+    def activation_layers(self) -> dict[str, nn.Module]:
+        """The modules whose outputs are post-nonlinearity activations, by name (for neuron statistics).
+
+        Default: every nn.ReLU under `featurizer` (or the whole model without one); in a
+        torchvision ResNet, whose ReLU modules run several times per block, the outputs of
+        layer1..layer4 (each block ends in a ReLU).
+        """
+        root, prefix = (self.featurizer, "featurizer.") if isinstance(getattr(self, "featurizer", None), nn.Module) else (self, "")
+        resnet = getattr(root, "resnet", None)
+        if isinstance(resnet, nn.Module) and all(hasattr(resnet, f"layer{i}") for i in range(1, 5)):
+            return {f"{prefix}resnet.layer{i}": getattr(resnet, f"layer{i}") for i in range(1, 5)}
+        return {prefix + name: m for name, m in root.named_modules() if isinstance(m, nn.ReLU)}
+
+    def activation_forward(self, x: torch.Tensor) -> torch.Tensor:
+        """One forward pass over `x` (one row per example) during which activations are recorded; `predict` by default."""
+        return self.predict(x)
+
+    def model_diagnostics(self) -> dict[str, Any]:
+        """Algorithm-specific sections of `domaingen diagnose` (JSON-ready), keyed by section name.
+
+        A section maps a layer name to a dict of fields; scalar fields are printed in the
+        summary, lists (matrices, histograms) go to diagnostics.json and the report.
+        None by default.
+        """
         return {}
 
     def optimizers(self) -> dict[str, torch.optim.Optimizer]:
@@ -89,8 +126,35 @@ class Algorithm(nn.Module):
             current[name].load_state_dict(copy.deepcopy(opt_state))
 
 
+# the hyperparameter that sets the learning rate of weight-mask logits (declared by ModReg)
+MASK_LR_KEY = "modreg_mask_lr"
+
+
+def parameter_groups(module: nn.Module, hparams: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """`module`'s parameters as optimizer groups: the weights, then (if it has any) the
+    weight-mask logits in a group of their own, with learning rate `modreg_mask_lr`
+    (default: the run's lr) and no weight decay: mask logits are not weights.
+    """
+    mask_ids = {id(p) for p in weight_mask_logits(module)}
+    groups: list[dict[str, Any]] = [{"params": [p for p in module.parameters() if id(p) not in mask_ids]}]
+    if mask_ids:
+        groups.append({
+            "params": [p for p in module.parameters() if id(p) in mask_ids],
+            "lr": float(hparams.get(MASK_LR_KEY, hparams["lr"])),
+            "weight_decay": 0.0,
+        })
+    return groups
+
+
 def make_adam(params, hparams: Mapping[str, Any], lr: float | None = None) -> torch.optim.Adam:
-    """Adam with the run's lr and weight decay (the protocol's only optimizer)."""
+    """Adam with the run's lr and weight decay (the protocol's only optimizer).
+
+    `params` is what torch.optim takes, or an nn.Module, whose parameters are then
+    grouped by `parameter_groups` (mask logits apart). Build every optimizer over a
+    model from the module, so that `X+ModReg`'s masks get their own learning rate.
+    """
+    if isinstance(params, nn.Module):
+        params = parameter_groups(params, hparams)
     return torch.optim.Adam(
         params, lr=hparams["lr"] if lr is None else lr, weight_decay=hparams.get("weight_decay", 0.0)
     )
@@ -110,7 +174,7 @@ class FeaturizerClassifier(Algorithm):
         )
         self.prepare_modules()
         self.network = nn.Sequential(self.featurizer, self.classifier)
-        self.optimizer = make_adam(self.network.parameters(), self.hparams)
+        self.optimizer = make_adam(self.network, self.hparams)
 
     def prepare_modules(self) -> None:
         """Adapt `featurizer` and `classifier` before the network and its optimizer are built.
@@ -134,9 +198,20 @@ class FeaturizerClassifier(Algorithm):
         params = [p for name, p in (module or self.network).named_parameters() if "mask_logits" not in name]
         return weight * sum(p.square().sum() for p in params)
 
+    def regularization(self, module: nn.Module | None = None) -> torch.Tensor | float:
+        """The terms every loss this algorithm backpropagates must include, added before
+        the algorithm rescales that loss or edits its gradients.
+
+        Here the L2 term; a regularizer composed with the algorithm (ModReg) adds its own
+        penalty by overriding this method, so every algorithm that computes its losses
+        as `loss + self.regularization(module)` gets it in its objective. `module` is the
+        model the loss trains (default: the network; Fish: its inner clone).
+        """
+        return self.l2_penalty(module)
+
     def step(self, loss: torch.Tensor) -> None:
-        """Add the L2 term to `loss`, backpropagate, and take one optimizer step."""
-        self.apply_gradients(loss + self.l2_penalty())
+        """Add the regularization terms to `loss`, backpropagate, and take one optimizer step."""
+        self.apply_gradients(loss + self.regularization())
 
     def apply_gradients(self, loss: torch.Tensor) -> None:
         """Backpropagate `loss` as it is and take one optimizer step."""

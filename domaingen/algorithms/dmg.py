@@ -25,10 +25,12 @@ from domaingen.algorithms.base import (
     classification_loss,
     concat,
     make_adam,
+    parameter_groups,
 )
 from domaingen.errors import DomaingenError
 from domaingen.hparams import HParam, log_uniform, log_uniform_or_zero
-from domaingen.masks import DomainNeuronMasks, straight_through_bernoulli
+from domaingen.masks.neuron_masks import DomainNeuronMasks, straight_through_bernoulli
+from domaingen.masks import neuron_mask_statistics, pairwise_soft_iou
 from domaingen.networks import MLP, MNIST_CNN
 
 MODES = ("pred_ens", "mask_ens", "kd")
@@ -108,7 +110,7 @@ class DMG(FeaturizerClassifier):
             modules[name].register_forward_pre_hook(functools.partial(self._mask_input, index))
         self.optimizer = make_adam(
             [
-                {"params": self.network.parameters()},
+                *parameter_groups(self.network, self.hparams),
                 {"params": self.masks.parameters(), "lr": float(self.hparams["dmg_mask_lr"]), "weight_decay": 0.0},
             ],
             self.hparams,
@@ -225,6 +227,34 @@ class DMG(FeaturizerClassifier):
         out: dict[str, Any] = {f"dmg_layer{k}_{key}": value for k, layer in enumerate(stats) for key, value in layer.items()}
         out["dmg_iou"] = sum(layer["iou"] for layer in stats) / len(stats)
         return out
+
+    def activation_forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Mask-Ens: one pass with the domains' mean soft mask, so each example's activations are one row."""
+        return self.predict_mode(x, "mask_ens")
+
+    def model_diagnostics(self) -> dict[str, Any]:
+        """dmg_masks: per masked layer, the domain x neuron soft masks, their discrete version
+        (sigmoid(logit) > 0.5) and the pairwise IoU of the discrete masks (NaN for two empty masks)."""
+        sections = dict(super().model_diagnostics())
+        layers = {}
+        with torch.no_grad():
+            for name, probs in zip(self.mask_layers, self.masks.probs()):
+                active = (probs > 0.5).float().cpu()
+                stats = neuron_mask_statistics(active)
+                layers[name] = {
+                    "domains": int(probs.shape[0]),
+                    "neurons": int(probs.shape[1]),
+                    "mean_iou": stats["iou"],
+                    "active": stats["active"],
+                    "shared": stats["shared"],
+                    "specific": stats["specific"],
+                    "unused": stats["unused"],
+                    "probs": probs.float().cpu().tolist(),
+                    "mask": active.int().tolist(),
+                    "iou": pairwise_soft_iou(active, eps=0.0).tolist(),
+                }
+        sections["dmg_masks"] = layers
+        return sections
 
     def checkpoint_state(self) -> dict[str, Any]:
         state = super().checkpoint_state()

@@ -23,7 +23,7 @@ class Fish(FeaturizerClassifier):
     def __init__(self, input_shape, num_classes, num_domains, hparams) -> None:
         super().__init__(input_shape, num_classes, num_domains, hparams)
         self.inner = copy.deepcopy(self.network)
-        self.optimizer = make_adam(self.inner.parameters(), self.hparams)
+        self.optimizer = make_adam(self.inner, self.hparams)
 
     def update(self, minibatches: Minibatches) -> dict[str, float]:
         self.inner.load_state_dict(self.network.state_dict())
@@ -31,7 +31,7 @@ class Fish(FeaturizerClassifier):
         for x, y in minibatches:
             loss = classification_loss(self.inner(x), y)
             self.optimizer.zero_grad(set_to_none=True)
-            (loss + self.l2_penalty(self.inner)).backward()
+            (loss + self.regularization(self.inner)).backward()
             self.optimizer.step()
             losses.append(loss.item())
         meta_lr = float(self.hparams["meta_lr"])

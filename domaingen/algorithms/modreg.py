@@ -1,46 +1,49 @@
 """ModReg (Ashok et al., AAAI-22 student abstract): modular-regularization weight masks on top of any algorithm.
 
 `X+ModReg` is X with a Gumbel-sigmoid mask over every Linear and Conv2d weight
-of its featurizer and classifier (domaingen.masks), trained jointly with the
+of its featurizer and classifier (domaingen.masks.weight_masks), trained jointly with the
 weights by X's own optimizers, and with alpha * S1 + beta * S2 added to X's
 loss, where for every masked layer and each input feature p, with pi = sigmoid(l):
 
     S1 = sum_p (sum of pi over the weights leaving p)^2          (specialization)
     S2 = sum_p sqrt(sum of pi^2 over the weights leaving p)      (reuse, a group lasso)
 
-The penalty depends only on the mask logits, so instead of editing X's loss its
-gradient is added to the logits' gradients just before each optimizer step that
-X takes during `update` (a scoped optimizer step pre-hook). That equals adding
-the penalty to every loss X backpropagates before a step, for any X: ERM's one
-step, IRM's re-created Adam, Fish's inner steps on its cloned network,
-SAND-mask's hand-set gradients.
+The penalty is part of X's objective for every X: FeaturizerClassifier routes
+every loss an algorithm backpropagates through `regularization(module)` (the L2
+term), and X+ModReg adds alpha * S1 + beta * S2 of that module's mask logits
+there. So the penalty enters before X rescales its loss (the IRM paper's
+schedule divides it by the penalty weight with the rest), SAND-mask's sign mask
+sees it in every environment's gradient, Fish adds it to each inner step's loss
+on its inner clone, and DMG adds it beside its overlap penalty. Its gradient is
+computed in closed form (`ModRegPenalty`), not by autograd through sigmoid and
+sums over every weight.
 """
 
 from __future__ import annotations
 
-import contextlib
-from typing import Any, Iterator
+from typing import Any, Mapping
 
 import torch
 from torch import nn
-from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 from domaingen.algorithms.base import ALGORITHMS, Algorithm, FeaturizerClassifier, Minibatches
 from domaingen.errors import DomaingenError
 from domaingen.hparams import HParam, log_uniform
-from domaingen.masks import (
+from domaingen.masks.weight_masks import (
     add_weight_masks,
     masked_layers,
     outgoing_sums,
-    reuse_penalty,
-    specialization_penalty,
     subnetwork_stats,
+    weight_mask_logits,
 )
+from domaingen.stats import histogram, summary
 
 MODIFIER = "ModReg"
 
 
-def penalty_and_gradient(logits: torch.Tensor, alpha: float, beta: float) -> tuple[float, float, torch.Tensor]:
+def penalty_and_gradient(
+    logits: torch.Tensor, alpha: float, beta: float
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(S1, S2, d(alpha * S1 + beta * S2)/d logits) of one layer, in closed form (no autograd graph).
 
     With pi = sigmoid(l) and a weight (o, p, ...) leaving input feature p:
@@ -55,7 +58,7 @@ def penalty_and_gradient(logits: torch.Tensor, alpha: float, beta: float) -> tup
         # one fused coefficient per input feature, then a single pass over the weights
         coefficient = (2 * alpha) * sums.view(shape) + beta * pi / norms.clamp_min(1e-12).view(shape)
         grad = coefficient.mul_(pi).mul_(1 - pi)
-        return float(sums.square().sum()), float(norms.sum()), grad.to(logits.dtype)
+        return sums.square().sum(), norms.sum(), grad.to(logits.dtype)
 
 
 def penalty_gradient(logits: torch.Tensor, alpha: float, beta: float) -> torch.Tensor:
@@ -63,13 +66,40 @@ def penalty_gradient(logits: torch.Tensor, alpha: float, beta: float) -> torch.T
     return penalty_and_gradient(logits, alpha, beta)[2]
 
 
+class ModRegPenalty(torch.autograd.Function):
+    """alpha * S1 + beta * S2 summed over layers, with S1 and S2 as extra outputs that carry no gradient.
+
+    Forward computes each layer's gradient with its value in one pass (`penalty_and_gradient`);
+    backward scales it by the incoming gradient, so a loss that rescales the penalty
+    (divides it by IRM's weight, say) rescales its gradient too.
+    """
+
+    @staticmethod
+    def forward(ctx, alpha: float, beta: float, *logits: torch.Tensor):  # type: ignore[override]
+        parts = [penalty_and_gradient(layer, alpha, beta) for layer in logits]
+        ctx.grads = [grad for _, _, grad in parts]
+        s1 = torch.stack([part[0] for part in parts]).sum()
+        s2 = torch.stack([part[1] for part in parts]).sum()
+        ctx.mark_non_differentiable(s1, s2)
+        return alpha * s1 + beta * s2, s1, s2
+
+    @staticmethod
+    def backward(ctx, grad_penalty: torch.Tensor, *unused: Any):  # type: ignore[override]
+        grads = [grad_penalty.to(g.dtype) * g for g in ctx.grads]
+        ctx.grads = None
+        return (None, None, *grads)
+
+
 class ModRegMixin:
     """Adds weight masks and the S1/S2 penalty to a FeaturizerClassifier; see the module docstring."""
 
     HPARAMS = {
-        "modreg_alpha": HParam(1e-7, log_uniform(-9, -5), "weight of S1, the specialization penalty"),
-        "modreg_beta": HParam(1e-3, log_uniform(-5, -1), "weight of S2, the reuse (group lasso) penalty"),
+        "modreg_alpha": HParam(6.93e-9, log_uniform(-9, -5), "weight of S1, the specialization penalty"),
+        "modreg_beta": HParam(1.12e-4, log_uniform(-5, -1), "weight of S2, the reuse (group lasso) penalty"),
         "modreg_groups": HParam(4, help="mask samples per batch (the batch is cut into this many groups)"),
+        "modreg_mask_lr": HParam(
+            1.05e-2, log_uniform(-3, -1), "Adam learning rate of the mask logits (own group, no weight decay)"
+        ),
         "modreg_init_logit": HParam(2.0, help="initial mask logit (2.0 keeps a weight with probability 0.88)"),
         "modreg_mask_bias": HParam(False, help="mask biases too (they are never in S1/S2)"),
     }
@@ -80,11 +110,24 @@ class ModRegMixin:
     featurizer: nn.Module
     classifier: nn.Module
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[call-arg]
+        self.check_mask_groups()
+
+    @classmethod
+    def check_hparams(cls, hparams: Mapping[str, Any]) -> None:
+        super().check_hparams(hparams)  # type: ignore[misc]
+        for key in ("modreg_alpha", "modreg_beta"):
+            if not float(hparams[key]) >= 0:
+                raise DomaingenError(f"{key} must be >= 0 (it weighs a penalty), got {hparams[key]}")
+        if not float(hparams["modreg_mask_lr"]) >= 0:
+            raise DomaingenError(
+                f"modreg_mask_lr must be >= 0 (the Adam learning rate of the mask logits), got {hparams['modreg_mask_lr']}"
+            )
+
     def prepare_modules(self) -> None:
         super().prepare_modules()  # type: ignore[misc]
-        for key in ("modreg_alpha", "modreg_beta"):
-            if not float(self.hparams[key]) >= 0:
-                raise DomaingenError(f"{key} must be >= 0 (it weighs a penalty), got {self.hparams[key]}")
+        self.check_hparams(self.hparams)
         add_weight_masks(
             nn.ModuleDict({"featurizer": self.featurizer, "classifier": self.classifier}),
             groups=int(self.hparams["modreg_groups"]),
@@ -92,68 +135,96 @@ class ModRegMixin:
             mask_bias=bool(self.hparams["modreg_mask_bias"]),
         )
 
-    def mask_layers(self) -> list[tuple[str, nn.Module]]:
-        """The masked layers of the model being trained, named featurizer.* / classifier.*."""
+    def check_mask_groups(self) -> None:
+        """Every optimizer holds the mask logits it trains in groups of their own, at `modreg_mask_lr`.
+
+        A base algorithm that builds an optimizer from bare parameters instead of its
+        module (`make_adam(module, hparams)`) would train the masks at the weights' rate.
+        """
+        logits = {id(p) for p in weight_mask_logits(self)}  # type: ignore[arg-type]
+        lr = float(self.hparams["modreg_mask_lr"])
+        for name, optimizer in self.optimizers().items():  # type: ignore[attr-defined]
+            for group in optimizer.param_groups:
+                masks = [id(p) in logits for p in group["params"]]
+                if any(masks) and not (all(masks) and group["lr"] == lr and group["weight_decay"] == 0):
+                    raise DomaingenError(
+                        f"{type(self).__name__}.{name} trains mask logits with the weights; build it with "
+                        "make_adam(module, hparams) so that they get a group of their own"
+                    )
+
+    def modreg_layers(self) -> list[tuple[str, nn.Module]]:
+        """The weight-masked layers of the model being trained, named featurizer.* / classifier.*.
+
+        (Not `mask_layers`: DMG names its own neuron-masked layers so, and DMG+ModReg has both.)
+        """
         return masked_layers(nn.ModuleDict({"featurizer": self.featurizer, "classifier": self.classifier}))
 
-    def modreg_penalties(self) -> tuple[float, float]:
-        """(S1, S2) summed over the masked layers of the model being trained."""
-        with torch.no_grad():
-            layers = [layer for _, layer in self.mask_layers()]
-            s1 = sum(float(specialization_penalty(layer.mask_logits)) for layer in layers)
-            s2 = sum(float(reuse_penalty(layer.mask_logits)) for layer in layers)
-        return s1, s2
-
-    @contextlib.contextmanager
-    def _penalised_steps(self) -> Iterator[None]:
+    def regularization(self, module: nn.Module | None = None) -> torch.Tensor | float:
+        """X's regularization terms plus alpha * S1 + beta * S2 of `module`'s mask logits (default: the network)."""
+        terms = super().regularization(module)  # type: ignore[misc]
+        logits = [layer.mask_logits for _, layer in masked_layers(module if module is not None else self.network)]  # type: ignore[attr-defined]
         alpha, beta = float(self.hparams["modreg_alpha"]), float(self.hparams["modreg_beta"])
-        # every masked layer this algorithm owns, Fish's inner clone included
-        logits = {
-            id(m.mask_logits): m.mask_logits for m in self.modules() if hasattr(m, "mask_logits")  # type: ignore[attr-defined]
-        }
-
-        def add_penalty_gradient(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
-            s1 = s2 = 0.0
-            for group in optimizer.param_groups:
-                for param in group["params"]:
-                    if id(param) in logits and param is logits[id(param)]:
-                        layer_s1, layer_s2, extra = penalty_and_gradient(param, alpha, beta)
-                        param.grad = extra if param.grad is None else param.grad.add_(extra)
-                        s1, s2 = s1 + layer_s1, s2 + layer_s2
-            if s1 or s2:
-                self._last_penalties = (s1, s2)  # the values the step used, for the log
-
-        handle = register_optimizer_step_pre_hook(add_penalty_gradient)
-        try:
-            yield
-        finally:
-            handle.remove()
+        penalty, s1, s2 = ModRegPenalty.apply(alpha, beta, *logits)
+        self._last_penalties = (s1, s2)
+        return terms + penalty
 
     def update(self, minibatches: Minibatches) -> dict[str, float]:
-        self._last_penalties: tuple[float, float] | None = None
-        with self._penalised_steps():
-            losses = super().update(minibatches)  # type: ignore[misc]
-        s1, s2 = self._last_penalties or self.modreg_penalties()
+        self._last_penalties: tuple[torch.Tensor, torch.Tensor] | None = None
+        losses = super().update(minibatches)  # type: ignore[misc]
+        if self._last_penalties is None:
+            raise DomaingenError(
+                f"{type(self).__name__}: the base algorithm's update never added self.regularization() to its loss, "
+                "so ModReg's penalty would be left out; add it to every loss it backpropagates"
+            )
+        s1, s2 = (float(v) for v in self._last_penalties)
         alpha, beta = float(self.hparams["modreg_alpha"]), float(self.hparams["modreg_beta"])
         return {**losses, "modreg_penalty": alpha * s1 + beta * s2, "modreg_s1": s1, "modreg_s2": s2}
 
     def diagnostics(self) -> dict[str, Any]:
-        """Per masked layer: kept-weight fraction, and input features that keep any outgoing weight."""
+        """Per masked layer: kept-weight fraction, input features that keep any outgoing weight, and the
+        mean and 10/50/90th percentiles of the keep probabilities sigmoid(l)."""
         fields: dict[str, Any] = dict(super().diagnostics())  # type: ignore[misc]
         kept = total = 0
-        for name, layer in self.mask_layers():
+        for name, layer in self.modreg_layers():
             stats = subnetwork_stats(layer)
             fields[f"modreg_{name}_kept_fraction"] = stats.kept_fraction
             fields[f"modreg_{name}_inputs_kept"] = stats.inputs_kept
             fields[f"modreg_{name}_inputs_total"] = stats.inputs_total
+            fields[f"modreg_{name}_keep_prob_mean"] = stats.keep_prob_mean
+            for q, value in stats.keep_prob_quantiles.items():
+                fields[f"modreg_{name}_keep_prob_p{q}"] = value
             kept += stats.kept_fraction * layer.mask_logits.numel()
             total += layer.mask_logits.numel()
         fields["modreg_kept_fraction"] = kept / total
         return fields
 
 
+    def model_diagnostics(self) -> dict[str, Any]:
+        """modreg_masks: per masked layer, kept weights and input features (deterministic mask,
+        sigmoid(logit) > 0.5), and the distribution of sigmoid(logit) (summary, 20-bin histogram over [0, 1])."""
+        sections: dict[str, Any] = dict(super().model_diagnostics())  # type: ignore[misc]
+        layers = {}
+        # not self.mask_layers(): DMG's `mask_layers` attribute shadows that method in DMG+ModReg
+        for name, layer in masked_layers(nn.ModuleDict({"featurizer": self.featurizer, "classifier": self.classifier})):
+            stats = subnetwork_stats(layer)
+            probs = torch.sigmoid(layer.mask_logits.detach().float())
+            layers[name] = {
+                "weights": int(probs.numel()),
+                "kept_weights": int((layer.mask_logits > 0).sum()),
+                "kept_fraction": stats.kept_fraction,
+                "inputs_kept": stats.inputs_kept,
+                "inputs_total": stats.inputs_total,
+                **{f"sigmoid_{k}": v for k, v in summary(probs).items()},
+                "sigmoid_histogram": histogram(probs, bins=20),
+            }
+        sections["modreg_masks"] = layers
+        return sections
+
+
 def with_modreg(base: type[Algorithm]) -> type[Algorithm]:
     """The class `BASE+ModReg`: ModRegMixin in front of `base` in the MRO."""
+    if base.NO_ADDITIVE_PENALTY:
+        raise DomaingenError(f"ModReg cannot be composed with {base.__name__}: {base.NO_ADDITIVE_PENALTY}")
     if not issubclass(base, FeaturizerClassifier):
         raise DomaingenError(
             f"ModReg needs an algorithm built on FeaturizerClassifier (a featurizer and a classifier); "

@@ -18,7 +18,8 @@ class AnnealedPenalty(FeaturizerClassifier):
     - "domainbed": Adam is re-created, because the loss scale jumps and the old
       moment estimates no longer fit it;
     - "irm_paper" (the IRM paper's code): Adam carries on, and the whole loss
-      (L2 term included) is divided by the weight whenever it exceeds 1.
+      (L2 term and any regularizer's penalty included) is divided by the weight
+      whenever it exceeds 1.
     """
 
     HPARAMS = {
@@ -43,8 +44,8 @@ class AnnealedPenalty(FeaturizerClassifier):
     def step(self, loss: torch.Tensor) -> None:
         schedule = self.hparams["penalty_schedule"]
         if schedule == "domainbed" and self.update_count.item() == self.hparams[self.ANNEAL_KEY]:
-            self.optimizer = make_adam(self.network.parameters(), self.hparams)
-        total = loss + self.l2_penalty()
+            self.optimizer = make_adam(self.network, self.hparams)
+        total = loss + self.regularization()  # before the rescaling below, as the L2 term
         weight = self.penalty_weight()
         if schedule == "irm_paper" and weight > 1.0:
             total = total / weight

@@ -44,7 +44,8 @@ class SANDMask(FeaturizerClassifier):
         total = 0.0
         for x, y in minibatches:
             loss = classification_loss(self.predict(x), y)
-            per_env.append(torch.autograd.grad(loss + self.l2_penalty(), params))
+            # the regularization enters every environment's gradient, so the mask sees it too
+            per_env.append(torch.autograd.grad(loss + self.regularization(), params))
             total += loss.item()
         self.optimizer.zero_grad(set_to_none=True)
         k, tau = float(self.hparams["k"]), float(self.hparams["tau"])

@@ -1,7 +1,6 @@
-"""Learned masks over a network: per-weight Gumbel-sigmoid masks (ModReg, diagnostics) and
-per-domain neuron masks (DMG).
+"""Per-weight Gumbel-sigmoid masks (ModReg; reusable for Csordás-style domain masks).
 
-Weight masks follow Csordás et al. (ICLR 2021): every weight w of a Linear or
+They follow Csordás et al. (ICLR 2021): every weight w of a Linear or
 Conv2d layer has a logit l; during training the layer uses w * b with
 b = 1[s > 0.5], s = sigmoid((l - log(log U1 / log U2)) / tau), U1, U2 ~ U(0, 1),
 and the straight-through gradient of s, so E[b] = sigmoid(l). The batch is cut
@@ -14,16 +13,14 @@ In eval mode the mask is the deterministic 1[sigmoid(l) > 0.5].
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.autograd.function import once_differentiable
 
 from domaingen.errors import DomaingenError
-
-# --- per-weight Gumbel-sigmoid masks (ModReg) ---
 
 DEFAULT_INIT_LOGIT = 2.0  # sigmoid(2) = 0.881: weights start kept with high probability
 
@@ -290,6 +287,16 @@ def masked_layers(model: nn.Module) -> list[tuple[str, nn.Module]]:
     return [(n, m) for n, m in model.named_modules() if isinstance(m, (MaskedLinear, MaskedConv2d))]
 
 
+def weight_mask_logits(model: nn.Module) -> list[nn.Parameter]:
+    """Every weight-mask logit tensor of `model` (weights' and, if masked, biases'), in module order."""
+    params = []
+    for _, layer in masked_layers(model):
+        params.append(layer.mask_logits)
+        if layer.bias_mask_logits is not None:
+            params.append(layer.bias_mask_logits)
+    return params
+
+
 def outgoing_sums(values: torch.Tensor) -> torch.Tensor:
     """Per input feature p, the sum of `values` over the weights leaving p (W[:, p] or W[:, p, :, :])."""
     dims = [0] + list(range(2, values.dim()))
@@ -306,118 +313,35 @@ def reuse_penalty(logits: torch.Tensor) -> torch.Tensor:
     return outgoing_sums(torch.sigmoid(logits).square()).sqrt().sum()
 
 
+KEEP_PROB_QUANTILES = (10, 50, 90)
+
+
 @dataclass
 class SubnetworkStats:
-    """What the deterministic mask keeps of one layer."""
+    """What the deterministic mask keeps of one layer, and where its keep probabilities sigmoid(l) lie.
+
+    The probabilities show logits moving toward 0 before any weight is dropped.
+    """
 
     kept_fraction: float
     inputs_kept: int
     inputs_total: int
+    keep_prob_mean: float
+    keep_prob_quantiles: dict[int, float]  # percentile -> value, for KEEP_PROB_QUANTILES
 
 
 def subnetwork_stats(layer: nn.Module) -> SubnetworkStats:
-    """Kept-weight fraction and the number of input features with any kept outgoing weight."""
+    """Kept-weight fraction, input features with any kept outgoing weight, and the mean and
+    10/50/90th percentiles (linear interpolation) of sigmoid(logit) over the layer's weights."""
     with torch.no_grad():
         mask = eval_mask(layer.mask_logits)
         per_input = outgoing_sums(mask)
-        return SubnetworkStats(float(mask.mean()), int((per_input > 0).sum()), int(per_input.numel()))
-
-
-# --- per-domain neuron masks (DMG) ---
-#
-# DMG (Chattopadhyay et al., ECCV 2020) gives every training domain one logit per
-# neuron (or channel) of a few layers' inputs. Training multiplies each example's
-# activations by a Bernoulli sample of its own domain's mask, with the
-# straight-through gradient to the probabilities; a soft-IoU penalty keeps the
-# domains' masks from overlapping completely.
-
-IOU_EPS = 1e-8
-
-
-def soft_iou(a: torch.Tensor, b: torch.Tensor, eps: float = IOU_EPS) -> torch.Tensor:
-    """(sum a*b + eps) / (sum (a + b - a*b) + eps) over the last dimension.
-
-    For {0, 1} masks this is the ordinary intersection over union (two empty masks: 1).
-    """
-    inter = (a * b).sum(-1)
-    union = (a + b - a * b).sum(-1)
-    return (inter + eps) / (union + eps)
-
-
-def pairwise_soft_iou(masks: torch.Tensor, eps: float = IOU_EPS) -> torch.Tensor:
-    """The [D, D] soft IoU of every pair of rows of a [D, C] mask matrix."""
-    # elementwise, not a matmul: bf16 autocast leaves it in the masks' precision
-    inter = (masks[:, None, :] * masks[None, :, :]).sum(-1)
-    sizes = masks.sum(1)
-    union = sizes[:, None] + sizes[None, :] - inter
-    return (inter + eps) / (union + eps)
-
-
-def mean_pairwise_iou(masks: torch.Tensor, eps: float = IOU_EPS) -> torch.Tensor:
-    """Mean soft IoU over the D*(D-1)/2 pairs of rows of [D, C] masks (0 when D < 2)."""
-    d = masks.shape[0]
-    if d < 2:
-        return masks.new_zeros(())
-    rows, cols = torch.triu_indices(d, d, offset=1, device=masks.device)
-    return pairwise_soft_iou(masks, eps)[rows, cols].mean()
-
-
-def straight_through_bernoulli(probs: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
-    """A {0, 1} sample of Bernoulli(probs) whose gradient w.r.t. probs is the identity."""
-    hard = torch.bernoulli(probs.detach(), generator=generator)
-    # (probs - probs.detach()) is exactly 0, so the forward value stays exactly {0, 1}
-    return hard + (probs - probs.detach())
-
-
-def neuron_mask_statistics(active: torch.Tensor) -> dict[str, float]:
-    """Statistics of discrete [D, C] masks (True = neuron kept for that domain).
-
-    iou: mean pairwise IoU over the pairs of domains whose masks are not both
-    empty (NaN when there are none, or fewer than 2 domains); active: fraction of (domain, neuron)
-    entries kept; shared: neurons kept by every domain; specific: kept by some
-    but not all domains; unused: kept by none (the three counts sum to C).
-    """
-    active = active.bool()
-    n_domains = active.shape[0]
-    per_neuron = active.sum(0)
-    return {
-        "iou": _discrete_mean_iou(active),
-        "active": float(active.float().mean()),
-        "shared": int((per_neuron == n_domains).sum()),
-        "specific": int(((per_neuron > 0) & (per_neuron < n_domains)).sum()),
-        "unused": int((per_neuron == 0).sum()),
-    }
-
-
-def _discrete_mean_iou(active: torch.Tensor) -> float:
-    n_domains = active.shape[0]
-    if n_domains < 2:
-        return float("nan")
-    rows, cols = torch.triu_indices(n_domains, n_domains, offset=1)
-    # eps 0: two empty masks give 0/0, left out rather than counted as identical
-    return float(pairwise_soft_iou(active.float(), eps=0.0)[rows, cols].nanmean())
-
-
-class DomainNeuronMasks(nn.Module):
-    """One [num_domains, width] logit matrix per masked layer, initialised U(0, 1)."""
-
-    def __init__(self, widths: Sequence[int], num_domains: int) -> None:
-        super().__init__()
-        self.num_domains = int(num_domains)
-        self.logits = nn.ParameterList(nn.Parameter(torch.rand(self.num_domains, int(w))) for w in widths)
-
-    def __len__(self) -> int:
-        return len(self.logits)
-
-    def probs(self) -> list[torch.Tensor]:
-        """sigmoid(logits), one [D, C] matrix per layer."""
-        return [torch.sigmoid(logit) for logit in self.logits]
-
-    def overlap_penalty(self) -> torch.Tensor:
-        """Sum over layers of the mean soft IoU over domain pairs of the probabilities."""
-        return torch.stack([mean_pairwise_iou(p) for p in self.probs()]).sum()
-
-    def statistics(self) -> list[dict[str, float]]:
-        """`neuron_mask_statistics` of each layer's discrete masks, sigmoid(logit) > 0.5."""
-        with torch.no_grad():
-            return [neuron_mask_statistics(logit > 0) for logit in self.logits]
+        probs = torch.sigmoid(layer.mask_logits.detach().double()).flatten().cpu().numpy()
+        quantiles = np.percentile(probs, KEEP_PROB_QUANTILES)
+        return SubnetworkStats(
+            float(mask.mean()),
+            int((per_input > 0).sum()),
+            int(per_input.numel()),
+            float(probs.mean()),
+            {q: float(v) for q, v in zip(KEEP_PROB_QUANTILES, quantiles)},
+        )

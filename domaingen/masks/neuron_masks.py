@@ -1,0 +1,106 @@
+"""Per-domain neuron masks (DMG, Chattopadhyay et al., ECCV 2020).
+
+DMG gives every training domain one logit per neuron (or channel) of a few
+layers' inputs. Training multiplies each example's activations by a Bernoulli
+sample of its own domain's mask, with the straight-through gradient to the
+probabilities; a soft-IoU penalty keeps the domains' masks from overlapping
+completely.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+from torch import nn
+
+IOU_EPS = 1e-8
+
+
+def soft_iou(a: torch.Tensor, b: torch.Tensor, eps: float = IOU_EPS) -> torch.Tensor:
+    """(sum a*b + eps) / (sum (a + b - a*b) + eps) over the last dimension.
+
+    For {0, 1} masks this is the ordinary intersection over union (two empty masks: 1).
+    """
+    inter = (a * b).sum(-1)
+    union = (a + b - a * b).sum(-1)
+    return (inter + eps) / (union + eps)
+
+
+def pairwise_soft_iou(masks: torch.Tensor, eps: float = IOU_EPS) -> torch.Tensor:
+    """The [D, D] soft IoU of every pair of rows of a [D, C] mask matrix."""
+    # elementwise, not a matmul: bf16 autocast leaves it in the masks' precision
+    inter = (masks[:, None, :] * masks[None, :, :]).sum(-1)
+    sizes = masks.sum(1)
+    union = sizes[:, None] + sizes[None, :] - inter
+    return (inter + eps) / (union + eps)
+
+
+def mean_pairwise_iou(masks: torch.Tensor, eps: float = IOU_EPS) -> torch.Tensor:
+    """Mean soft IoU over the D*(D-1)/2 pairs of rows of [D, C] masks (0 when D < 2)."""
+    d = masks.shape[0]
+    if d < 2:
+        return masks.new_zeros(())
+    rows, cols = torch.triu_indices(d, d, offset=1, device=masks.device)
+    return pairwise_soft_iou(masks, eps)[rows, cols].mean()
+
+
+def straight_through_bernoulli(probs: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+    """A {0, 1} sample of Bernoulli(probs) whose gradient w.r.t. probs is the identity."""
+    hard = torch.bernoulli(probs.detach(), generator=generator)
+    # (probs - probs.detach()) is exactly 0, so the forward value stays exactly {0, 1}
+    return hard + (probs - probs.detach())
+
+
+def neuron_mask_statistics(active: torch.Tensor) -> dict[str, float]:
+    """Statistics of discrete [D, C] masks (True = neuron kept for that domain).
+
+    iou: mean pairwise IoU over the pairs of domains whose masks are not both
+    empty (NaN when there are none, or fewer than 2 domains); active: fraction of (domain, neuron)
+    entries kept; shared: neurons kept by every domain; specific: kept by some
+    but not all domains; unused: kept by none (the three counts sum to C).
+    """
+    active = active.bool()
+    n_domains = active.shape[0]
+    per_neuron = active.sum(0)
+    return {
+        "iou": _discrete_mean_iou(active),
+        "active": float(active.float().mean()),
+        "shared": int((per_neuron == n_domains).sum()),
+        "specific": int(((per_neuron > 0) & (per_neuron < n_domains)).sum()),
+        "unused": int((per_neuron == 0).sum()),
+    }
+
+
+def _discrete_mean_iou(active: torch.Tensor) -> float:
+    n_domains = active.shape[0]
+    if n_domains < 2:
+        return float("nan")
+    rows, cols = torch.triu_indices(n_domains, n_domains, offset=1)
+    # eps 0: two empty masks give 0/0, left out rather than counted as identical
+    return float(pairwise_soft_iou(active.float(), eps=0.0)[rows, cols].nanmean())
+
+
+class DomainNeuronMasks(nn.Module):
+    """One [num_domains, width] logit matrix per masked layer, initialised U(0, 1)."""
+
+    def __init__(self, widths: Sequence[int], num_domains: int) -> None:
+        super().__init__()
+        self.num_domains = int(num_domains)
+        self.logits = nn.ParameterList(nn.Parameter(torch.rand(self.num_domains, int(w))) for w in widths)
+
+    def __len__(self) -> int:
+        return len(self.logits)
+
+    def probs(self) -> list[torch.Tensor]:
+        """sigmoid(logits), one [D, C] matrix per layer."""
+        return [torch.sigmoid(logit) for logit in self.logits]
+
+    def overlap_penalty(self) -> torch.Tensor:
+        """Sum over layers of the mean soft IoU over domain pairs of the probabilities."""
+        return torch.stack([mean_pairwise_iou(p) for p in self.probs()]).sum()
+
+    def statistics(self) -> list[dict[str, float]]:
+        """`neuron_mask_statistics` of each layer's discrete masks, sigmoid(logit) > 0.5."""
+        with torch.no_grad():
+            return [neuron_mask_statistics(logit > 0) for logit in self.logits]
