@@ -3,6 +3,7 @@
     args.json       the run's resolved arguments (its identity)
     results.jsonl   one JSON record per checkpoint
     checkpoint.pt   everything needed to resume exactly
+    selected.pt     the weights at the checkpoint that training-domain validation selects
     log.txt         the run's log
     done | failed   written atomically, last; `failed` holds the reason
 """
@@ -31,6 +32,7 @@ ARGS, RESULTS, CHECKPOINT, LOG, DONE, FAILED = (
     "done",
     "failed",
 )
+SELECTED = "selected.pt"
 
 NOT_LAUNCHED, INCOMPLETE, DONE_STATE, FAILED_STATE = "not launched", "incomplete", "done", "failed"
 
@@ -171,6 +173,18 @@ class RunDirectory:
         if not self.file(CHECKPOINT).exists():
             return None
         return torch.load(self.file(CHECKPOINT), map_location="cpu", weights_only=False)
+
+    def save_selected(self, state: Mapping[str, Any]) -> None:
+        """Write the selected checkpoint (step, val_acc, model weights) through a temporary file and a rename."""
+        tmp = self.file(SELECTED + ".tmp")
+        torch.save(dict(state), tmp)
+        os.replace(tmp, self.file(SELECTED))
+
+    def load_selected(self) -> dict[str, Any] | None:
+        """The selected checkpoint, or None when the run has none (yet, or made before runs kept one)."""
+        if not self.file(SELECTED).exists():
+            return None
+        return torch.load(self.file(SELECTED), map_location="cpu", weights_only=False)
 
     def mark_done(self, summary: Mapping[str, Any]) -> None:
         self.file(FAILED).unlink(missing_ok=True)

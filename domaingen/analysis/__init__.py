@@ -1,0 +1,1 @@
+"""What `domaingen diagnose` measures inside a trained model; pure functions, tested by hand."""

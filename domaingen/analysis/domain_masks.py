@@ -1,0 +1,93 @@
+"""Which weights each training domain uses: Csordás et al.'s weight masks (ICLR 2021), one per domain.
+
+The trained weights are frozen; every Linear and Conv2d weight gets a logit, and a mask
+is trained on one domain's data alone: the network computes with w * b, b a hard
+Gumbel-sigmoid sample of sigmoid(logit) with the straight-through gradient (the ModReg
+mask code of domaingen.masks), and the loss is the cross-entropy plus alpha times the
+sum of the logits, which pushes every weight the domain does not need out of the mask.
+The kept weights are then logit > 0. Comparing the domains' masks per layer says which
+weights all domains share and how much each pair overlaps (IoU).
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Iterator, Mapping
+
+import torch
+from torch import nn
+
+from domaingen.masks import DEFAULT_INIT_LOGIT, eval_mask, gumbel_sigmoid
+
+MASK_LR = 1e-2  # Adam learning rate of the mask logits
+MASK_ALPHA = 1e-5  # weight of the sum-of-logits regulariser (see README: chosen, not published)
+
+
+def maskable_weights(model: nn.Module) -> dict[str, nn.Parameter]:
+    """The weights of every Linear and Conv2d layer of `model` (subclasses included), by parameter name."""
+    return {f"{name}.weight" if name else "weight": m.weight for name, m in model.named_modules()
+            if isinstance(m, (nn.Linear, nn.Conv2d))}
+
+
+def mask_overlap(masks: torch.Tensor) -> dict[str, object]:
+    """Statistics of D binary masks over one layer's weights, `masks` [D, weights] (True = kept).
+
+    kept_fraction: per domain, its kept share of the weights; shared_fraction: of the weights
+    some domain keeps, the share that every domain keeps (NaN when none is kept); iou: the
+    [D, D] matrix |a & b| / |a | b| (NaN for two empty masks).
+    """
+    m = masks.bool()
+    union_all = m.any(0).sum()
+    shared = m.all(0).sum()
+    inter = (m[:, None, :] & m[None, :, :]).sum(-1).double()
+    union = (m[:, None, :] | m[None, :, :]).sum(-1).double()
+    return {
+        "kept_fraction": [float(v) for v in m.double().mean(1)],
+        "shared_fraction": float(shared / union_all) if union_all > 0 else float("nan"),
+        "iou": (inter / union).tolist(),
+    }
+
+
+def train_weight_mask(
+    forward: Callable[[Mapping[str, torch.Tensor], torch.Tensor], torch.Tensor],
+    weights: Mapping[str, torch.Tensor],
+    batches: Iterator[tuple[torch.Tensor, torch.Tensor]],
+    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+    steps: int,
+    lr: float = MASK_LR,
+    alpha: float = MASK_ALPHA,
+    init_logit: float = DEFAULT_INIT_LOGIT,
+) -> dict[str, torch.Tensor]:
+    """Train one weight mask on frozen `weights`; returns the kept weights (logit > 0) by name.
+
+    `forward(masked_weights, x)` computes logits with the given weights in place of the
+    model's; `batches` yields (x, y) of one domain.
+    """
+    logits = {name: torch.full_like(w, init_logit, requires_grad=True) for name, w in weights.items()}
+    optimizer = torch.optim.Adam(logits.values(), lr=lr)
+    frozen = {name: w.detach() for name, w in weights.items()}
+    for _ in range(steps):
+        x, y = next(batches)
+        masked = {name: frozen[name] * gumbel_sigmoid(logits[name]) for name in frozen}
+        loss = loss_fn(forward(masked, x), y) + alpha * sum(l.sum() for l in logits.values())
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+    return {name: eval_mask(l.detach()).bool() for name, l in logits.items()}
+
+
+def masked_accuracy(
+    forward: Callable[[Mapping[str, torch.Tensor], torch.Tensor], torch.Tensor],
+    weights: Mapping[str, torch.Tensor],
+    masks: Mapping[str, torch.Tensor],
+    batches: Iterator[tuple[torch.Tensor, torch.Tensor]],
+) -> float:
+    """Accuracy of the network whose weights are `weights` times the binary `masks`, over `batches`."""
+    masked = {name: w.detach() * masks[name].to(w.dtype) for name, w in weights.items()}
+    correct = total = 0
+    with torch.no_grad():
+        for x, y in batches:
+            logits = forward(masked, x)
+            predicted = (logits[:, 0] > 0).long() if logits.shape[1] == 1 else logits.argmax(1)
+            correct += int((predicted.cpu() == y.cpu()).sum())
+            total += len(y)
+    return correct / total if total else float("nan")

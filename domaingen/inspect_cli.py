@@ -1,0 +1,181 @@
+"""The `evaluate`, `diagnose` and `report` subcommands: argument handling and what the user sees."""
+
+from __future__ import annotations
+
+import argparse
+import math
+import re
+from typing import Any, Mapping
+
+from tabulate import tabulate
+
+ACC_FIELD = re.compile(r"^env(\d+)_(in|out)_acc(?:_(\w+))?$")
+
+
+def add_parsers(sub: argparse._SubParsersAction) -> None:
+    """Add evaluate, diagnose and report to the `domaingen` command's subparsers."""
+    p = sub.add_parser("evaluate", help="reload a run's selected (or last) model and print every environment's accuracy")
+    _add_run_arguments(p)
+
+    p = sub.add_parser("diagnose", help="look inside a run's model: selectivity, activation rates, masks")
+    _add_run_arguments(p)
+    p.add_argument("--domain_masks", action="store_true",
+                   help="also train one weight mask per training domain on the frozen weights (Csordás et al.)")
+    p.add_argument("--mask_steps", type=int, default=None, help="--domain_masks: mask training steps per domain")
+    p.add_argument("--max_examples", type=int, default=None,
+                   help="examples per environment for activation statistics (default: 2000)")
+    p.add_argument("--output", default=None, help="where to write diagnostics.json (default: RUN_DIR/diagnostics.json)")
+
+    p = sub.add_parser("report", help="an HTML page of a sweep: tables, curves, masks, selectivity (needs the plots extra)")
+    p.add_argument("sweep_dir")
+    p.add_argument("--output", required=True, help="directory for index.html and its PNG figures")
+    p.add_argument("--selection", default="training", help="selection method of the tables and the chosen runs")
+
+
+def _add_run_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("run_dir")
+    p.add_argument("--checkpoint", choices=["selected", "last"], default="selected",
+                   help="selected: the weights training-domain validation chose (default); last: the last checkpoint")
+    p.add_argument("--data_dir", default=None, help="default: the directory the run was trained from")
+    p.add_argument("--device", default="auto", help="auto (CUDA when present), cpu, cuda, cuda:N")
+
+
+def _fmt(value: Any) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    return f"{value:.4f}"
+
+
+def accuracy_table(accuracies: Mapping[str, float], env_names: list[str], test_envs: list[int]) -> str:
+    """One row per environment: its in/out accuracy, then each test-time mode's."""
+    modes: list[str] = []
+    for key in accuracies:
+        match = ACC_FIELD.match(key)
+        if match and match.group(3) and match.group(3) not in modes:
+            modes.append(match.group(3))
+    headers = ["env", "name", "role", "in", "out"] + [f"{s}_{m}" for m in modes for s in ("in", "out")]
+    rows = []
+    for i, name in enumerate(env_names):
+        row = [i, name, "test" if i in test_envs else "train",
+               _fmt(accuracies.get(f"env{i}_in_acc")), _fmt(accuracies.get(f"env{i}_out_acc"))]
+        row += [_fmt(accuracies.get(f"env{i}_{s}_acc_{m}")) for m in modes for s in ("in", "out")]
+        rows.append(row)
+    return tabulate(rows, headers=headers, disable_numparse=True)
+
+
+def compare_with_record(accuracies: Mapping[str, float], record: Mapping[str, Any] | None) -> str:
+    """One line: whether the accuracies equal the ones recorded at the checkpoint's step."""
+    if record is None:
+        return "no record of this step in results.jsonl to compare with"
+    shared = [k for k, v in accuracies.items() if ACC_FIELD.match(k) and record.get(k) is not None and not math.isnan(v)]
+    if not shared:
+        return f"the record of step {record['step']} holds none of these accuracies"
+    worst = max(shared, key=lambda k: abs(accuracies[k] - record[k]))
+    gap = abs(accuracies[worst] - record[worst])
+    if gap == 0:
+        return f"equal to the record of step {record['step']} ({len(shared)} accuracies)"
+    return f"differs from the record of step {record['step']} by up to {gap:.2g} ({worst})"
+
+
+def evaluate_command(ns: argparse.Namespace) -> int:
+    from domaingen.reload import evaluate_run, load_run
+
+    loaded = load_run(ns.run_dir, ns.checkpoint, ns.data_dir, ns.device)
+    accuracies = evaluate_run(loaded)
+    args = loaded.args
+    print(f"{loaded.path}: {args['algorithm']} on {args['dataset']}, test envs {loaded.test_envs}, "
+          f"{loaded.checkpoint} checkpoint (step {loaded.step}), data {loaded.dataset.data_source}")
+    print(accuracy_table(accuracies, [e.name for e in loaded.dataset.environments], loaded.test_envs))
+    print(compare_with_record(accuracies, loaded.record()))
+    return 0
+
+
+COMMANDS = {"evaluate": evaluate_command}
+
+
+def selectivity_table(result: Mapping[str, Any]) -> str:
+    """Per layer: selectivity mean and quartiles on the training and the held-out environments, and activation rates."""
+    rows = []
+    for name, layer in result["layers"].items():
+        row = [name, layer["neurons"]]
+        for role in ("train", "test"):
+            stats = layer.get(role)
+            if stats is None:
+                row += ["-", "-", "-"]
+                continue
+            sel = stats["selectivity"]
+            row += [_fmt(sel["mean"]), f"{_fmt(sel['q25'])}/{_fmt(sel['median'])}/{_fmt(sel['q75'])}",
+                    " ".join(_fmt(r) for r in stats["activation_rate_per_class"])]
+        rows.append(row)
+    headers = ["layer", "neurons", "sel train", "q25/med/q75 train", "active/class train",
+               "sel test", "q25/med/q75 test", "active/class test"]
+    return tabulate(rows, headers=headers, disable_numparse=True)
+
+
+def section_tables(sections: Mapping[str, Any]) -> str:
+    """Each algorithm section as a table of its layers' scalar fields (lists go to diagnostics.json only)."""
+    parts = []
+    for section, layers in sections.items():
+        if not isinstance(layers, Mapping) or not layers:
+            continue
+        fields = [k for k, v in next(iter(layers.values())).items() if isinstance(v, (int, float)) or v is None]
+        rows = [[name] + [v if isinstance(v, int) else _fmt(v) for v in (entry.get(k) for k in fields)]
+                for name, entry in layers.items()]
+        parts.append(f"{section}\n" + tabulate(rows, headers=["layer", *fields], disable_numparse=True))
+    return "\n\n".join(parts)
+
+
+def diagnose_command(ns: argparse.Namespace) -> int:
+    import time
+    from pathlib import Path
+
+    from domaingen.diagnose import DEFAULT_MAX_EXAMPLES, diagnose
+    from domaingen.errors import DomaingenError
+    from domaingen.reload import load_run
+    from domaingen.rundir import atomic_write_bytes, to_json
+
+    from domaingen.diagnose import DEFAULT_MASK_STEPS, domain_weight_masks
+
+    max_examples = DEFAULT_MAX_EXAMPLES if ns.max_examples is None else ns.max_examples
+    if max_examples < 1:
+        raise DomaingenError(f"--max_examples must be positive, got {max_examples}")
+    steps = DEFAULT_MASK_STEPS if ns.mask_steps is None else ns.mask_steps
+    if steps < 1:
+        raise DomaingenError(f"--mask_steps must be positive, got {steps}")
+    started = time.perf_counter()
+    loaded = load_run(ns.run_dir, ns.checkpoint, ns.data_dir, ns.device)
+    result = diagnose(loaded, max_examples)
+    if ns.domain_masks:
+        result["domain_masks"] = domain_weight_masks(loaded, steps, max_examples=max_examples)
+    result["seconds"] = time.perf_counter() - started
+    output = Path(ns.output) if ns.output else loaded.path / "diagnostics.json"
+    try:
+        output.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_bytes(output, (to_json(result) + "\n").encode())
+    except OSError as exc:
+        raise DomaingenError(f"cannot write {output}: {exc.strerror}") from None
+    args = loaded.args
+    print(f"{loaded.path}: {args['algorithm']} on {args['dataset']}, test envs {loaded.test_envs}, "
+          f"{loaded.checkpoint} checkpoint (step {loaded.step}), up to {max_examples} examples per environment")
+    print("\nneuron selectivity (mean, quartiles) and activation rate per class, training vs held-out environments\n")
+    print(selectivity_table(result))
+    sections = dict(result["sections"])
+    if "domain_masks" in result:
+        sections["domain_masks"] = result["domain_masks"]["layers"]
+    if sections:
+        print("\n" + section_tables(sections))
+    print(f"\nwrote {output} ({result['seconds']:.1f} s)")
+    return 0
+
+
+COMMANDS["diagnose"] = diagnose_command
+
+
+def report_command(ns: argparse.Namespace) -> int:
+    from domaingen.report import build_report
+
+    print(build_report(ns.sweep_dir, ns.output, ns.selection).message)
+    return 0
+
+
+COMMANDS["report"] = report_command

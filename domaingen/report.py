@@ -1,0 +1,446 @@
+"""`domaingen report`: one static HTML page of a sweep, with its tables and figures (matplotlib: the `plots` extra).
+
+The page holds `collect`'s tables, a bar chart of test accuracy per algorithm and test
+environment, and for the selected run of each cell (dataset, algorithm, test environment:
+the first trial of the hyperparameters that training-domain validation selects) its
+accuracy and loss curves, its mask curves and heatmaps, and the selectivity histograms
+of its diagnostics.json when `diagnose` has been run. Figures are PNG files beside the
+page and embedded in it, so the page also stands alone; the data each figure plots is
+embedded too (a JSON block), so the numbers can be checked against the records.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+import json
+import logging
+import math
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+import pandas as pd
+
+from domaingen.collect import Collection, collect
+from domaingen.errors import DomaingenError
+from domaingen.reporting import build_tables
+from domaingen.rundir import DONE, FAILED, RESULTS, SELECTED, read_jsonl
+from domaingen.selection import METHOD_TITLES, select
+
+log = logging.getLogger(__name__)
+
+ACC = re.compile(r"^env(\d+)_(in|out)_acc$")
+LOSS = re.compile(r"(loss|nll|penalty|_s\d)$|^loss")
+MASK_CURVE = re.compile(r"(iou|kept_fraction)$")
+DPI = 90
+
+
+class _Figures:
+    """Figures made with matplotlib's object API (no pyplot state: nothing stays open, no GUI backend)."""
+
+    def __init__(self) -> None:
+        from matplotlib.figure import Figure
+
+        self.Figure = Figure
+
+    def subplots(self, nrows: int = 1, ncols: int = 1, *, figsize, dpi, squeeze: bool = True):
+        fig = self.Figure(figsize=figsize, dpi=dpi)
+        return fig, fig.subplots(nrows, ncols, squeeze=squeeze)
+
+    def close(self, fig) -> None:
+        fig.clear()
+
+
+def _pyplot() -> _Figures:
+    try:
+        return _Figures()
+    except ImportError:
+        raise DomaingenError("domaingen report needs matplotlib: pip install 'domaingen[plots]'") from None
+
+
+@dataclass
+class FigureSpec:
+    """One figure of the page: its file name, caption, the matplotlib figure and the data it plots."""
+
+    name: str
+    caption: str
+    figure: Any
+    data: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Report:
+    """What `build_report` wrote."""
+
+    page: Path
+    figures: list[FigureSpec]
+    message: str
+
+
+# ---- which runs ----------------------------------------------------------------
+
+
+def selected_runs(records: pd.DataFrame, method: str = "training") -> pd.DataFrame:
+    """One row per cell (dataset, algorithm, test_env): the first trial of the selected hyperparameters, with its step."""
+    chosen = select(records, method)
+    if chosen.empty:
+        return chosen
+    chosen = chosen.drop(columns=["run", "hparams"], errors="ignore").merge(records[["run", "dataset", "algorithm", "hparams_seed", "trial_seed", "test_envs"]]
+                          .assign(test_env=lambda f: f["test_envs"].map(lambda e: e[0] if len(e) == 1 else -1))
+                          .drop(columns="test_envs").drop_duplicates(),
+                          on=["dataset", "algorithm", "test_env", "hparams_seed", "trial_seed"], how="left")
+    chosen = chosen.sort_values(["dataset", "algorithm", "test_env", "trial_seed"], kind="stable")
+    return chosen.drop_duplicates(["dataset", "algorithm", "test_env"], keep="first").reset_index(drop=True)
+
+
+def run_records(run_dir: Path) -> list[dict[str, Any]]:
+    """A run's records in step order."""
+    return sorted((r for r in read_jsonl(run_dir / RESULTS) if isinstance(r.get("step"), int)), key=lambda r: r["step"])
+
+
+def _series(records: Sequence[dict[str, Any]], key: str) -> tuple[list[int], list[float]]:
+    """(steps, values) of `key`; a missing or null value is NaN (a checkpoint may skip a split)."""
+    xs, ys = [], []
+    for r in records:
+        value = r.get(key)
+        xs.append(r["step"])
+        ys.append(float(value) if isinstance(value, (int, float)) and value is not None else math.nan)
+    return xs, ys
+
+
+def _numeric_keys(records: Sequence[dict[str, Any]]) -> list[str]:
+    keys: dict[str, None] = {}
+    for r in records:
+        for k, v in r.items():
+            if isinstance(v, (int, float)) and not isinstance(v, bool) and k not in ("step", "epoch", "step_time", "mem_gb"):
+                keys.setdefault(k, None)
+    return list(keys)
+
+
+# ---- figures -------------------------------------------------------------------
+
+
+ERROR_WORDS = {"domainbed": "DomainBed's error bar, std(accuracy / sqrt(n))", "se": "standard error",
+               "std": "standard deviation"}
+
+
+def accuracy_bars(table, plt, error: str = "domainbed") -> FigureSpec:
+    """Grouped bars: test accuracy (%) per held-out environment (groups) and algorithm (bars),
+    ± the tables' error bar (`error`: "domainbed", "se" or "std", as `collect --error`)."""
+    envs = [c for c in table.columns if not c.startswith("Avg")]
+    algorithms = list(table.rows)
+    fig, ax = plt.subplots(figsize=(max(5, 1.2 * len(envs) * max(1, len(algorithms)) / 2 + 2), 3.2), dpi=DPI)
+    width = 0.8 / max(1, len(algorithms))
+    data: dict[str, Any] = {"environments": envs, "bars": {}}
+    for k, algorithm in enumerate(algorithms):
+        cells = table.rows[algorithm][: len(envs)]
+        heights = [100 * c.mean if c.values else math.nan for c in cells]
+        errors = [100 * c.spread(error) if c.n > 1 else 0.0 for c in cells]
+        x = np.arange(len(envs)) + (k - (len(algorithms) - 1) / 2) * width
+        ax.bar(x, np.nan_to_num(heights), width, yerr=errors, capsize=3, label=algorithm)
+        data["bars"][algorithm] = {"mean": heights, "error": errors}
+    ax.set_xticks(np.arange(len(envs)), envs)
+    ax.set_ylabel("test accuracy (%)")
+    ax.set_ylim(0, 100)
+    ax.legend(fontsize=8, ncol=min(4, len(algorithms)))
+    ax.set_title(table.title, fontsize=9)
+    fig.subplots_adjust(left=0.1, right=0.98, bottom=0.12, top=0.88)
+    key = re.sub(r"\W+", "_", table.key)
+    return FigureSpec(f"bars_{key}.png", f"{table.title}: mean over trials ± {ERROR_WORDS[error]}.", fig, data)
+
+
+def accuracy_curves(name: str, label: str, records, test_envs, step: int | None, plt) -> FigureSpec:
+    """Every environment's in (solid) and out (dashed) accuracy over steps; the selected step marked."""
+    fig, ax = plt.subplots(figsize=(5.5, 3.2), dpi=DPI)
+    data: dict[str, Any] = {}
+    envs = sorted({int(m.group(1)) for r in records for k in r if (m := ACC.match(k))})
+    for env in envs:
+        for split, style in (("in", "-"), ("out", "--")):
+            xs, ys = _series(records, f"env{env}_{split}_acc")
+            tag = f"env{env}{'*' if env in test_envs else ''} {split}"
+            ax.plot(xs, ys, style, marker=".", color=f"C{env}", label=tag)
+            data[tag] = {"x": xs, "y": ys}
+    if step is not None:
+        ax.axvline(step, color="grey", lw=0.8)
+    ax.set_xlabel("step")
+    ax.set_ylabel("accuracy")
+    ax.legend(fontsize=7, ncol=2)
+    ax.set_title(f"{label}: accuracy per environment (* held out)", fontsize=9)
+    fig.subplots_adjust(left=0.12, right=0.97, bottom=0.15, top=0.9)
+    return FigureSpec(f"{name}_accuracy.png", f"{label}: accuracy of every environment's in and out split; "
+                      f"the grey line marks the selected checkpoint (step {step}).", fig, data)
+
+
+def small_multiples(name: str, label: str, records, keys: Sequence[str], what: str, plt) -> FigureSpec:
+    """One small panel per record field over steps (fields of different scales side by side)."""
+    cols = min(3, len(keys))
+    rows = math.ceil(len(keys) / cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(3.2 * cols, 2.2 * rows), dpi=DPI, squeeze=False)
+    data: dict[str, Any] = {}
+    for ax, key in zip(axes.flat, keys):
+        xs, ys = _series(records, key)
+        ax.plot(xs, ys, marker=".", label=key)
+        ax.set_title(key, fontsize=8)
+        ax.tick_params(labelsize=7)
+        data[key] = {"x": xs, "y": ys}
+    for ax in list(axes.flat)[len(keys):]:
+        ax.axis("off")
+    fig.suptitle(f"{label}: {what}", fontsize=9)
+    fig.subplots_adjust(left=0.1, right=0.97, bottom=0.12, top=1 - 0.35 / (2.2 * rows), hspace=0.55, wspace=0.35)
+    return FigureSpec(f"{name}_{what.split()[0]}.png", f"{label}: {what} over steps.", fig, data)
+
+
+def mask_curves(name: str, label: str, records, keys: Sequence[str], plt) -> FigureSpec:
+    """Mask statistics over steps on one axis (DMG's IoU per layer, ModReg's kept fraction per layer)."""
+    fig, ax = plt.subplots(figsize=(5.5, 3.2), dpi=DPI)
+    data: dict[str, Any] = {}
+    for key in keys:
+        xs, ys = _series(records, key)
+        ax.plot(xs, ys, marker=".", label=key)
+        data[key] = {"x": xs, "y": ys}
+    ax.set_xlabel("step")
+    ax.set_ylim(-0.02, 1.02)
+    ax.legend(fontsize=6)
+    ax.set_title(f"{label}: mask IoU / kept fraction", fontsize=9)
+    fig.subplots_adjust(left=0.12, right=0.97, bottom=0.15, top=0.9)
+    return FigureSpec(f"{name}_masks.png", f"{label}: mask statistics over steps (IoU between domains' masks, "
+                      "fraction of weights kept).", fig, data)
+
+
+def mask_heatmaps(name: str, label: str, matrices: dict[str, list[list[float]]], plt) -> FigureSpec:
+    """Domain x neuron mask probabilities, one panel per masked layer."""
+    fig, axes = plt.subplots(len(matrices), 1, figsize=(6, 0.5 + 0.9 * len(matrices)), dpi=DPI, squeeze=False)
+    for ax, (layer, matrix) in zip(axes[:, 0], matrices.items()):
+        ax.imshow(np.array(matrix, dtype=float), aspect="auto", vmin=0, vmax=1, cmap="viridis", interpolation="nearest")
+        ax.set_title(layer, fontsize=8)
+        ax.set_ylabel("domain", fontsize=7)
+        ax.tick_params(labelsize=6)
+    fig.suptitle(f"{label}: sigmoid(mask logit) per domain (rows) and neuron", fontsize=9)
+    fig.subplots_adjust(left=0.1, right=0.97, bottom=0.08, top=1 - 0.4 / (0.5 + 0.9 * len(matrices)), hspace=0.8)
+    return FigureSpec(f"{name}_heatmap.png", f"{label}: the selected model's per-domain neuron mask probabilities "
+                      "(yellow: kept).", fig, {k: v for k, v in matrices.items()})
+
+
+def selectivity_histograms(name: str, label: str, diagnostics: dict[str, Any], plt) -> FigureSpec:
+    """Per layer, the selectivity of its neurons on the training vs the held-out environments."""
+    layers = {k: v for k, v in diagnostics.get("layers", {}).items() if "train" in v and "test" in v}
+    fig, axes = plt.subplots(1, max(1, len(layers)), figsize=(3.2 * max(1, len(layers)), 2.6), dpi=DPI, squeeze=False)
+    data: dict[str, Any] = {}
+    bins = np.linspace(0, 1, 21)
+    for ax, (layer, entry) in zip(axes[0], layers.items()):
+        for role, color in (("train", "C0"), ("test", "C3")):
+            values = np.array([v for v in entry[role]["selectivity_per_neuron"] if v is not None], dtype=float)
+            ax.hist(values, bins=bins, alpha=0.5, color=color, label=f"{role} (mean {np.nanmean(values):.2f})")
+            data[f"{layer} {role}"] = values.tolist()
+        ax.set_title(layer, fontsize=8)
+        ax.legend(fontsize=7)
+        ax.tick_params(labelsize=7)
+    fig.suptitle(f"{label}: neuron selectivity, training vs held-out environments", fontsize=9)
+    fig.subplots_adjust(left=0.08, right=0.98, bottom=0.12, top=0.8, wspace=0.3)
+    return FigureSpec(f"{name}_selectivity.png", f"{label}: selectivity of each neuron (diagnostics.json, "
+                      f"{diagnostics.get('checkpoint')} checkpoint, step {diagnostics.get('step')}).", fig, data)
+
+
+def mask_matrices(run_dir: Path, diagnostics: dict[str, Any] | None) -> dict[str, list[list[float]]]:
+    """Domain x neuron mask probabilities: diagnostics.json's sections, else the selected weights' `masks.logits.*`."""
+    if diagnostics:
+        found = {f"{layer}": entry["probs"] for section in diagnostics.get("sections", {}).values()
+                 if isinstance(section, dict) for layer, entry in section.items()
+                 if isinstance(entry, dict) and isinstance(entry.get("probs"), list)}
+        if found:
+            return found
+    if not (run_dir / SELECTED).exists():
+        return {}
+    import torch
+
+    state = torch.load(run_dir / SELECTED, map_location="cpu", weights_only=False)["model"]
+    return {k: torch.sigmoid(v.float()).tolist() for k, v in state.items() if "masks.logits" in k and v.dim() == 2}
+
+
+def run_figures(run_dir: Path, label: str, test_envs: Sequence[int], step: int | None, plt) -> list[FigureSpec]:
+    """The figures of one selected run."""
+    records = run_records(run_dir)
+    if not records:
+        return []
+    name = re.sub(r"\W+", "_", label)
+    figures = [accuracy_curves(name, label, records, test_envs, step, plt)]
+    keys = _numeric_keys(records)
+    losses = [k for k in keys if LOSS.search(k) and not ACC.match(k)]
+    if losses:
+        figures.append(small_multiples(name, label, records, losses, "losses", plt))
+    masks = [k for k in keys if MASK_CURVE.search(k) and not k.startswith("env")]
+    if masks:
+        figures.append(mask_curves(name, label, records, masks, plt))
+    diagnostics = None
+    if (run_dir / "diagnostics.json").exists():
+        try:
+            diagnostics = json.loads((run_dir / "diagnostics.json").read_text())
+        except json.JSONDecodeError:
+            log.warning("skipping unreadable %s", run_dir / "diagnostics.json")
+    matrices = mask_matrices(run_dir, diagnostics)
+    if matrices:
+        figures.append(mask_heatmaps(name, label, matrices, plt))
+    if diagnostics and diagnostics.get("layers"):
+        figures.append(selectivity_histograms(name, label, diagnostics, plt))
+    return figures
+
+
+# ---- the page ------------------------------------------------------------------
+
+STYLE = """body{font-family:system-ui,sans-serif;max-width:1100px;margin:1.5em auto;padding:0 1em;color:#222}
+table{border-collapse:collapse;margin:.5em 0 1.5em}td,th{border:1px solid #ccc;padding:.25em .6em;text-align:right}
+th:first-child,td:first-child{text-align:left}caption{caption-side:top;text-align:left;font-weight:600;padding:.3em 0}
+figure{margin:1em 0}figcaption{font-size:.9em;color:#555}.missing{color:#a33;font-style:italic}
+img{max-width:100%}h2{border-bottom:1px solid #ddd;padding-bottom:.2em}"""
+
+
+def table_html(table, caption: str) -> str:
+    """One `collect` table as HTML, with a caption."""
+    head = "".join(f"<th>{html.escape(c)}</th>" for c in ["Algorithm", *table.columns])
+    body = []
+    for algorithm, cells in table.rows.items():
+        tds = "".join(f'<td class="{"" if c.values else "missing"}">{html.escape(c.text())}</td>' for c in cells)
+        body.append(f"<tr><td>{html.escape(algorithm)}</td>{tds}</tr>")
+    return f"<table><caption>{html.escape(caption)}</caption><tr>{head}</tr>{''.join(body)}</table>"
+
+
+def _figure_html(spec: FigureSpec, png: bytes) -> str:
+    encoded = base64.b64encode(png).decode()
+    return (f'<figure id="{html.escape(spec.name)}"><img alt="{html.escape(spec.caption)}" '
+            f'src="data:image/png;base64,{encoded}"><figcaption>{html.escape(spec.caption)} '
+            f'(<a href="{html.escape(spec.name)}">{html.escape(spec.name)}</a>)</figcaption></figure>')
+
+
+def _page(title: str, parts: Sequence[str], data: dict[str, Any]) -> str:
+    blob = json.dumps(data, allow_nan=True).replace("</", "<\\/").replace("NaN", "null")
+    return ("<!DOCTYPE html><html><head><meta charset='utf-8'>"
+            f"<title>{html.escape(title)}</title><style>{STYLE}</style></head><body>"
+            f"<h1>{html.escape(title)}</h1>{''.join(parts)}"
+            f'<script type="application/json" id="figure-data">{blob}</script></body></html>\n')
+
+
+def _states(root: Path) -> dict[str, int]:
+    counts = {"done": 0, "failed": 0, "incomplete": 0}
+    for child in root.iterdir():
+        if child.is_dir() and ((child / "args.json").exists() or (child / RESULTS).exists()):
+            state = "done" if (child / DONE).exists() else "failed" if (child / FAILED).exists() else "incomplete"
+            counts[state] += 1
+    return counts
+
+
+def _write_figures(figures: list[FigureSpec], output: Path, plt) -> list[str]:
+    parts = []
+    for spec in figures:
+        buffer = io.BytesIO()
+        spec.figure.savefig(buffer, format="png", dpi=DPI)
+        png = buffer.getvalue()
+        (output / spec.name).write_bytes(png)
+        parts.append(_figure_html(spec, png))
+        plt.close(spec.figure)
+    return parts
+
+
+def build_report(sweep_dir: str | Path, output_dir: str | Path, selection: str = "training",
+                 keep_figures: bool = False, workers: int | None = None) -> Report:
+    """Write index.html and its PNGs for the sweep in `sweep_dir` into `output_dir` (see the module docstring).
+
+    A sweep with no finished run gives a page that says so. `keep_figures` leaves the
+    matplotlib figures open in the result (for tests that read their data back).
+    `workers` processes render the selected runs' figures (default: the CPU count, at most 4).
+    """
+    plt = _pyplot()
+    root, output = Path(sweep_dir), Path(output_dir)
+    if not root.is_dir():
+        raise DomaingenError(f"sweep directory {root} is not a directory")
+    if selection not in METHOD_TITLES:
+        raise DomaingenError(f"unknown selection '{selection}'; valid selections: {', '.join(METHOD_TITLES)}")
+    try:
+        output.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise DomaingenError(f"cannot create {output}: {exc.strerror}") from None
+    title = f"domaingen report: {root.resolve().name}"
+    page = output / "index.html"
+    try:
+        collection = collect(root)
+    except DomaingenError:
+        counts = _states(root)
+        message = (f"No finished run in {root} yet ({counts['incomplete']} incomplete, {counts['failed']} failed). "
+                   "Rerun domaingen report when runs are done.")
+        page.write_text(_page(title, [f"<p class='missing'>{html.escape(message)}</p>"], {"figures": {}}))
+        return Report(page, [], message)
+    parts, figures = [_status_html(collection)], []
+    records = collection.records
+    methods = [selection] + [m for m in ("training", "oracle") if m != selection]
+    tables = build_tables(collection, methods)
+    sources = ", ".join(sorted(str(s) for s in records.get("data_source", pd.Series(dtype=str)).dropna().unique())) or "unknown"
+    parts.append("<h2>Tables</h2>")
+    for table in tables:
+        caption = table.caption() if callable(getattr(table, "caption", None)) else f"{table.title}. Data: {sources}."
+        parts.append(table_html(table, caption))
+    test_tables = [t for t in tables if t.key.endswith(f"/{selection}/test")]
+    parts.append(f"<h2>Test accuracy ({html.escape(METHOD_TITLES[selection])})</h2>")
+    bar_figures = [accuracy_bars(t, plt) for t in test_tables]
+    figures += bar_figures
+    parts += _write_figures(bar_figures, output, plt) if not keep_figures else [_figure_html(f, _png(f)) for f in bar_figures]
+    chosen = selected_runs(records, selection)
+    parts.append(f"<h2>Selected runs ({html.escape(METHOD_TITLES[selection])}; first trial of each cell)</h2>")
+    jobs = [(str(root / row.run if (root / row.run).is_dir() else root), f"{row.dataset} {row.algorithm} test env {row.test_env}",
+             [int(row.test_env)], int(row.step)) for row in chosen.itertuples()]
+    if keep_figures:
+        rendered = [[(f, _png(f)) for f in run_figures(Path(d), label, envs, step, plt)] for d, label, envs, step in jobs]
+    else:
+        rendered = _render_in_parallel(jobs, workers)
+    for row, (_, label, _, _), specs in zip(chosen.itertuples(), jobs, rendered):
+        parts.append(f"<h3>{html.escape(label)}</h3><p>run <code>{html.escape(str(row.run))}</code>, hparams_seed "
+                     f"{row.hparams_seed}, trial_seed {row.trial_seed}, selected step {row.step}</p>")
+        for spec, png in specs:
+            if not keep_figures:
+                (output / spec.name).write_bytes(png)
+            parts.append(_figure_html(spec, png))
+        figures += [spec for spec, _ in specs]
+    page.write_text(_page(title, parts, {"figures": {f.name: f.data for f in figures}}))
+    message = f"wrote {page} ({len(figures)} figures, {len(chosen)} selected runs)"
+    return Report(page, figures, message)
+
+
+def _render_run(job: tuple[str, str, list[int], int]) -> list[tuple[FigureSpec, bytes]]:
+    """One selected run's figures as (spec without its matplotlib figure, PNG bytes): picklable, for a worker process."""
+    run_dir, label, test_envs, step = job
+    plt = _pyplot()
+    out = []
+    for spec in run_figures(Path(run_dir), label, test_envs, step, plt):
+        png = _png(spec)
+        plt.close(spec.figure)
+        out.append((FigureSpec(spec.name, spec.caption, None, spec.data), png))
+    return out
+
+
+def _render_in_parallel(jobs: list, workers: int | None) -> list[list[tuple[FigureSpec, bytes]]]:
+    import os
+    from concurrent.futures import ProcessPoolExecutor
+
+    workers = workers or min(4, os.cpu_count() or 1)
+    if workers < 2 or len(jobs) < 4:
+        return [_render_run(job) for job in jobs]
+    with ProcessPoolExecutor(workers) as pool:
+        return list(pool.map(_render_run, jobs, chunksize=max(1, len(jobs) // (4 * workers))))
+
+
+def _png(spec: FigureSpec) -> bytes:
+    buffer = io.BytesIO()
+    spec.figure.savefig(buffer, format="png", dpi=DPI)
+    return buffer.getvalue()
+
+
+def _status_html(collection: Collection) -> str:
+    done = collection.records["run"].nunique()
+    parts = [f"{done} done runs"]
+    if collection.incomplete:
+        parts.append(f"{len(collection.incomplete)} still running or incomplete (not shown)")
+    if collection.failed:
+        parts.append(f"{len(collection.failed)} failed")
+    return f"<p>{html.escape(', '.join(parts))}.</p>"
