@@ -25,8 +25,10 @@ else:  # pragma: no cover
 from domaingen.algorithms import ALGORITHMS
 from domaingen.datasets import DATASETS
 from domaingen.errors import DomaingenError
+from domaingen.runlock import is_locked
 from domaingen.rundir import DONE_STATE, FAILED_STATE, INCOMPLETE, NOT_LAUNCHED, RunDirectory, atomic_write_bytes
-from domaingen.training import NON_IDENTITY_ARGS, PRECISIONS, TrainConfig
+from domaingen.precision import REQUESTED_PRECISIONS
+from domaingen.training import NON_IDENTITY_ARGS, TrainConfig
 
 SPEC_FILE = "sweep.json"
 STATES = (DONE_STATE, INCOMPLETE, FAILED_STATE, NOT_LAUNCHED)
@@ -106,8 +108,10 @@ def parse_spec(data: Mapping[str, Any], source: str = "spec") -> SweepSpec:
                 raise SpecError(f"{source}: '{key}' must be at least 1, got {data[key]}")
     if "pairs" in data:
         _expect("pairs", data["pairs"], bool, "true or false")
-    if "precision" in data and data["precision"] not in PRECISIONS:
-        raise SpecError(f"{source}: 'precision' must be one of {', '.join(PRECISIONS)}, got {data['precision']!r}")
+    if "precision" in data and data["precision"] not in REQUESTED_PRECISIONS:
+        raise SpecError(
+            f"{source}: 'precision' must be one of {', '.join(REQUESTED_PRECISIONS)}, got {data['precision']!r}"
+        )
     if "holdout_fraction" in data:
         _expect("holdout_fraction", data["holdout_fraction"], (int, float), "a number in [0, 1)")
     if data.get("test_envs") is not None:
@@ -269,9 +273,15 @@ def read_recorded_spec(sweep_dir: str | os.PathLike) -> dict[str, Any] | None:
 
 
 def delete_incomplete(jobs: Sequence[Job], sweep_dir: str | os.PathLike) -> list[Job]:
-    """Remove the directories of incomplete and failed jobs; returns those jobs."""
+    """Remove the directories of incomplete and failed jobs; returns those jobs.
+
+    A job some process is running now (its run lock is held) is left alone.
+    """
     states = job_states(jobs, sweep_dir)
-    removed = [job for job in jobs if states[job.job_id] in (INCOMPLETE, FAILED_STATE)]
+    removed = [
+        job for job in jobs
+        if states[job.job_id] in (INCOMPLETE, FAILED_STATE) and not is_locked(job.directory(sweep_dir))
+    ]
     for job in removed:
         shutil.rmtree(job.directory(sweep_dir), ignore_errors=True)
     return removed

@@ -12,8 +12,10 @@ from tabulate import tabulate
 
 from domaingen.errors import DomaingenError
 from domaingen.hparams import parse_overrides
-from domaingen.launchers import LaunchOptions, launch
-from domaingen.rundir import FAILED_STATE, INCOMPLETE, NOT_LAUNCHED
+from domaingen.launchers import NOT_SUBMITTED, SUBMITTED, LaunchOptions, check_options, launch
+from domaingen.rundir import DONE_STATE, FAILED_STATE, INCOMPLETE, NOT_LAUNCHED
+from domaingen.runlock import is_locked
+from domaingen.slurm_jobs import ACTIVE_STATES, active_jobs, describe, read_submissions, scheduler_states
 from domaingen.sweep import (
     STATES,
     SpecError,
@@ -69,12 +71,30 @@ def _status(jobs, sweep_dir: str) -> int:
     states = job_states(jobs, sweep_dir)
     counts = collections.Counter(states.values())
     print(f"{len(jobs)} jobs in {sweep_dir}: " + ", ".join(f"{counts.get(s, 0)} {s}" for s in STATES))
+    live = _live_states(jobs, sweep_dir, states)
+    if live:
+        print("of the jobs not done: " + describe(live))
+    columns = list(STATES) + sorted(set(live.values()))
     per_group: dict[tuple[str, str], collections.Counter] = collections.defaultdict(collections.Counter)
     for job in jobs:
-        per_group[(job.args["dataset"], job.args["algorithm"])][states[job.job_id]] += 1
-    rows = [[ds, alg] + [c.get(s, 0) for s in STATES] for (ds, alg), c in per_group.items()]
-    print(tabulate(rows, headers=["dataset", "algorithm", *STATES]))
+        group = per_group[(job.args["dataset"], job.args["algorithm"])]
+        group[states[job.job_id]] += 1
+        if job.job_id in live:
+            group[live[job.job_id]] += 1
+    rows = [[ds, alg] + [c.get(s, 0) for s in columns] for (ds, alg), c in per_group.items()]
+    print(tabulate(rows, headers=["dataset", "algorithm", *columns]))
     return 0
+
+
+def _live_states(jobs, sweep_dir: str, states: dict[str, str]) -> dict[str, str]:
+    """job_id -> what is happening to a job not done: the scheduler's state, or 'running here' (lock held)."""
+    pending = [job for job in jobs if states[job.job_id] != DONE_STATE]
+    submissions = {j: s for j, s in read_submissions(sweep_dir).items() if j in {job.job_id for job in pending}}
+    live = {j: state for j, state in scheduler_states(submissions).items() if state in ACTIVE_STATES} if submissions else {}
+    for job in pending:
+        if job.job_id not in live and is_locked(job.directory(sweep_dir)):
+            live[job.job_id] = "running (lock held)"
+    return live
 
 
 def _confirm(question: str, assume_yes: bool) -> bool:
@@ -85,7 +105,8 @@ def _confirm(question: str, assume_yes: bool) -> bool:
 
 def _delete(jobs, ns) -> int:
     states = job_states(jobs, ns.output_dir)
-    doomed = sum(states[j.job_id] in (INCOMPLETE, FAILED_STATE) for j in jobs)
+    doomed = sum(states[j.job_id] in (INCOMPLETE, FAILED_STATE) and not is_locked(j.directory(ns.output_dir))
+                 for j in jobs)
     if doomed and not _confirm(f"delete {doomed} incomplete or failed job directories?", ns.yes):
         print("nothing deleted")
         return 1
@@ -94,26 +115,8 @@ def _delete(jobs, ns) -> int:
     return 0
 
 
-def _launch(spec, jobs, ns) -> int:
-    launcher = "dry" if ns.dry else ns.launcher
-    if launcher != "dry":
-        prepare_sweep_dir(ns.output_dir, spec, force=ns.force)
-    states = job_states(jobs, ns.output_dir)
-    wanted = (NOT_LAUNCHED, INCOMPLETE) + ((FAILED_STATE,) if ns.retry_failed else ())
-    todo = [job for job in jobs if states[job.job_id] in wanted]
-    counts = collections.Counter(states.values())
-    print(
-        f"{len(jobs)} jobs: {counts.get('done', 0)} done, {counts.get(INCOMPLETE, 0)} incomplete (to resume), "
-        f"{counts.get(FAILED_STATE, 0)} failed ({'to retry' if ns.retry_failed else 'skipped; --retry_failed reruns them'}), "
-        f"{counts.get(NOT_LAUNCHED, 0)} not launched"
-    )
-    if not todo:
-        print("nothing to launch")
-        return 0
-    if launcher != "dry" and not _confirm(f"launch {len(todo)} jobs with the {launcher} launcher?", ns.yes):
-        print("not launched")
-        return 1
-    options = LaunchOptions(
+def _launch_options(ns) -> LaunchOptions:
+    return LaunchOptions(
         workers=ns.workers,
         threads=ns.threads,
         progress=not ns.no_progress,
@@ -125,35 +128,85 @@ def _launch(spec, jobs, ns) -> int:
             "gpus_per_node": ns.slurm_gpus or None,
             "cpus_per_task": ns.slurm_cpus,
             "slurm_array_parallelism": ns.slurm_array_parallelism,
+            "max_array": ns.slurm_max_array,
         },
+        jobs_per_gpu=ns.jobs_per_gpu,
+        detach=ns.detach,
+        ray_address=ns.ray_address,
+        ray_cpus=ns.ray_cpus,
+        ray_gpus=ns.ray_gpus,
     )
+
+
+def _launch(spec, jobs, ns) -> int:
+    launcher = "dry" if ns.dry else ns.launcher
+    options = _launch_options(ns)
+    check_options(launcher, options)
+    if launcher != "dry":
+        prepare_sweep_dir(ns.output_dir, spec, force=ns.force)
+    states = job_states(jobs, ns.output_dir)
+    wanted = (NOT_LAUNCHED, INCOMPLETE) + ((FAILED_STATE,) if ns.retry_failed else ())
+    todo = [job for job in jobs if states[job.job_id] in wanted]
+    counts = collections.Counter(states.values())
+    print(
+        f"{len(jobs)} jobs: {counts.get('done', 0)} done, {counts.get(INCOMPLETE, 0)} incomplete (to resume), "
+        f"{counts.get(FAILED_STATE, 0)} failed ({'to retry' if ns.retry_failed else 'skipped; --retry_failed reruns them'}), "
+        f"{counts.get(NOT_LAUNCHED, 0)} not launched"
+    )
+    queued = active_jobs(ns.output_dir, [job.job_id for job in todo])
+    if queued:
+        print(f"{len(queued)} of them queued or running in Slurm ({describe(queued)}): not submitted again")
+        todo = [job for job in todo if job.job_id not in queued]
+    if not todo:
+        print("nothing to launch")
+        return 0
+    if launcher != "dry" and not _confirm(f"launch {len(todo)} jobs with the {launcher} launcher?", ns.yes):
+        print("not launched")
+        return 1
     results = launch(todo, ns.output_dir, ns.data_dir, launcher, options)
     if launcher == "dry":
         return 0
     ended = collections.Counter(r.state for r in results)
-    print(f"launched {len(todo)} jobs: " + ", ".join(f"{n} {s}" for s, n in sorted(ended.items())))
+    verb = "submitted" if options.detach else "launched"
+    print(f"{verb} {len(todo)} jobs: " + ", ".join(f"{n} {s}" for s, n in sorted(ended.items())))
     for r in results:
-        if r.state == FAILED_STATE:
-            print(f"  failed {r.job_id}: {r.message}")
-    return 0 if not ended.get(FAILED_STATE) else 1
+        if r.state in (FAILED_STATE, NOT_SUBMITTED):
+            print(f"  {r.state} {r.job_id}: {r.message}")
+    if options.detach and ended.get(SUBMITTED):
+        print(f"follow them with: domaingen sweep status --output_dir {ns.output_dir}")
+    return 0 if not (ended.get(FAILED_STATE) or ended.get(NOT_SUBMITTED)) else 1
 
 
 def collect_command(ns: argparse.Namespace) -> int:
-    from domaingen.collect import collect
-    from domaingen.reporting import build_tables, to_csv, to_latex, to_markdown
+    import pandas as pd
 
-    collection = collect(ns.input_dir)
+    from domaingen.collect import collect
+    from domaingen.reference import read_reference
+    from domaingen.reporting import build_tables, to_csv, to_latex, to_markdown
+    from domaingen.selection import check_hparams_choice
+    from domaingen.top_hparams import top_hparams_csv, top_hparams_markdown
+
+    check_hparams_choice(ns.hparams_choice)
+    reference = pd.concat([read_reference(f) for f in ns.reference], ignore_index=True) if ns.reference else None
+    collection = collect(ns.input_dir, allow_mixed_sources=ns.allow_mixed_sources)
+    _add_unlaunched_jobs(collection, ns.input_dir)
     methods = ns.selection
     if methods is None:
         has_pairs = (collection.records["test_envs"].map(len) == 2).any()
         methods = ["training", "oracle"] + (["loo"] if has_pairs else [])
-    tables = build_tables(collection, methods)
-    if ns.format == "markdown":
-        text = to_markdown(tables, collection, ns.show_trials, ns.error)
-    elif ns.format == "latex":
-        text = to_latex(tables, collection, ns.show_trials, ns.bare, ns.error)
+    if ns.top_hparams:
+        if ns.format == "csv":
+            text = top_hparams_csv(collection, methods, ns.hparams_choice)
+        else:
+            text = top_hparams_markdown(collection, methods, ns.hparams_choice)
     else:
-        text = to_csv(tables)
+        tables = build_tables(collection, methods, ns.hparams_choice, reference)
+        if ns.format == "markdown":
+            text = to_markdown(tables, collection, ns.show_trials, ns.error)
+        elif ns.format == "latex":
+            text = to_latex(tables, collection, ns.show_trials, ns.bare, ns.error)
+        else:
+            text = to_csv(tables, ns.error)
     if ns.output:
         try:
             Path(ns.output).parent.mkdir(parents=True, exist_ok=True)
@@ -164,3 +217,25 @@ def collect_command(ns: argparse.Namespace) -> int:
     else:
         sys.stdout.write(text)
     return 0
+
+
+def _add_unlaunched_jobs(collection, sweep_dir: str) -> None:
+    """Jobs of the sweep's recorded spec with no directory yet, as runs 'not launched', so that their
+    environments get columns and their cells say why they are empty."""
+    import pandas as pd
+
+    recorded = read_recorded_spec(sweep_dir)
+    if recorded is None:
+        return
+    try:
+        jobs = build_jobs(parse_spec({k: v for k, v in recorded.items() if v is not None}, f"{sweep_dir}/sweep.json"))
+    except (DomaingenError, TypeError, KeyError):  # a spec an older version wrote: the runs found suffice
+        return
+    rows = [
+        {"run": job.job_id, "state": NOT_LAUNCHED, "dataset": job.args["dataset"], "algorithm": job.args["algorithm"],
+         "test_envs": tuple(sorted(job.args["test_envs"])), "hparams_seed": job.args["hparams_seed"],
+         "trial_seed": job.args["trial_seed"]}
+        for job in jobs if not job.directory(sweep_dir).exists()
+    ]
+    if rows:
+        collection.runs = pd.concat([collection.runs, pd.DataFrame(rows)], ignore_index=True)

@@ -61,7 +61,7 @@ def expected_training_domain_table(sweep_dir: Path) -> dict[tuple[str, int], flo
         records = [json.loads(line) for line in (run / "results.jsonl").read_text().splitlines()]
         t = records[0]["args"]["test_envs"][0]
         train_envs = [i for i in range(3) if i != t]
-        best = max(reversed(records), key=lambda r: np.mean([r[f"env{i}_out_acc"] for i in train_envs]))
+        best = max(records, key=lambda r: np.mean([r[f"env{i}_out_acc"] for i in train_envs]))  # first max wins
         per_cell.setdefault((records[0]["args"]["algorithm"], t), []).append(best[f"env{t}_in_acc"])
     return {k: float(np.mean(v)) for k, v in per_cell.items()}
 
@@ -107,14 +107,18 @@ def test_modreg_table1_spec_runs_both_protocols():
 
     jobs = build_jobs(load_spec(spec_path))
     mlp = [j for j in jobs if j.args["dataset"] == "IRMColoredMNIST"]
-    cnn = [j for j in jobs if j.args["dataset"] != "IRMColoredMNIST"]
     assert {j.args["algorithm"] for j in jobs} == {"ERM", "ERM+ModReg", "IRM", "IRM+ModReg"}
     assert len(mlp) == 4 * 10 and {j.args["holdout_fraction"] for j in mlp} == {0.0}
     assert {j.args["steps"] for j in mlp} == {501}
     irm = next(j for j in mlp if j.args["algorithm"] == "IRM").args["hparams"]
     assert irm["irm_penalty_anneal_iters"] == 190 and irm["penalty_schedule"] == "irm_paper"
-    assert {j.args["hparams"]["featurizer"] for j in cnn} == {"MNIST_CNN"}
-    assert len(cnn) == 4 * (3 + 6) * 3
+    others = [j for j in jobs if j.args["dataset"] != "IRMColoredMNIST"]
+    by_net = {net: [(j.args["dataset"], tuple(j.args["test_envs"])) for j in others if j.args["hparams"]["featurizer"] == net]
+              for net in ("MLP", "MNIST_CNN")}
+    # part 2: MLP on RotatedMNIST 0 degrees; part 3: MNIST_CNN on ColoredMNIST -90% and RotatedMNIST 0 degrees
+    assert sorted(set(by_net["MLP"])) == [("RotatedMNIST", (0,))] and len(by_net["MLP"]) == 4 * 3
+    assert sorted(set(by_net["MNIST_CNN"])) == [("ColoredMNIST", (2,)), ("RotatedMNIST", (0,))]
+    assert len(by_net["MNIST_CNN"]) == 4 * 3 * 2 and len(jobs) == 40 + 12 + 24
 
 
 def test_flags_build_the_same_job_list_as_a_spec(tmp_path, capsys):

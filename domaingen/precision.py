@@ -1,0 +1,59 @@
+"""`--precision auto`: bf16 where the hardware computes it natively, fp32 elsewhere.
+
+bf16 autocast pays off on a CUDA GPU with native bf16 (Ampere and later) and on
+a CPU with AMX (`amx_bf16`) or AVX-512 bf16 (`avx512_bf16`) instructions;
+without them a CPU emulates bf16 and runs slower than in fp32.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Iterable
+
+PRECISIONS = ("fp32", "bf16")  # what a run computes in
+REQUESTED_PRECISIONS = PRECISIONS + ("auto",)  # what a user may ask for
+NATIVE_BF16_CPU_FLAGS = frozenset({"amx_bf16", "avx512_bf16"})
+
+
+def cpu_flags(cpuinfo: str) -> set[str]:
+    """The instruction-set flags of the first processor in /proc/cpuinfo's text."""
+    for line in cpuinfo.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() in ("flags", "Features"):  # x86 / arm64
+            return set(value.split())
+    return set()
+
+
+def read_cpu_flags(path: str = "/proc/cpuinfo") -> set[str]:
+    """This machine's CPU flags (empty where /proc/cpuinfo does not exist, e.g. macOS)."""
+    try:
+        return cpu_flags(Path(path).read_text())
+    except OSError:
+        return set()
+
+
+def auto_precision(device_type: str, flags: Iterable[str], cuda_native_bf16: bool = False) -> str:
+    """What `auto` means on a device: bf16 on native-bf16 CUDA or a CPU with AMX / AVX-512 bf16, else fp32."""
+    if device_type == "cuda":
+        return "bf16" if cuda_native_bf16 else "fp32"
+    if device_type == "cpu":
+        return "bf16" if NATIVE_BF16_CPU_FLAGS & set(flags) else "fp32"
+    return "fp32"
+
+
+def cuda_has_native_bf16() -> bool:
+    """Whether the current CUDA device computes bf16 natively (not through emulation)."""
+    import torch
+
+    try:
+        return bool(torch.cuda.is_bf16_supported(including_emulation=False))
+    except TypeError:  # torch without the argument counted only native support
+        return bool(torch.cuda.is_bf16_supported())
+
+
+def resolve_precision(requested: str, device_type: str) -> str:
+    """fp32 / bf16 as asked, or what `auto` means on this machine's `device_type`."""
+    if requested != "auto":
+        return requested
+    native = cuda_has_native_bf16() if device_type == "cuda" else False
+    return auto_precision(device_type, read_cpu_flags() if device_type == "cpu" else (), native)
