@@ -1,6 +1,6 @@
 """`make bench`: the speed and memory figures the issues ask for (not timed assertions).
 
-Run with DOMAINGEN_DATA pointing at real MNIST: python -m domaingen.bench [--only training|floor|bookkeeping|overhead|images|dmg]
+Run with DOMAINGEN_DATA pointing at real MNIST: python -m domaingen.bench [--only training|floor|bookkeeping|overhead|images|dmg|report|diagnose]
 """
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
-from typing import Callable
+from typing import Callable, Sequence
 
 import torch
 from torch import nn
@@ -58,7 +58,7 @@ def bench_training(data_dir: str, algorithm: str, steps: int, skip_fp32_eval: bo
     dataset = DATASETS.get("ColoredMNIST")(data_dir, [2], {})
     rows.append(["ColoredMNIST build", f"{time.perf_counter() - start:.2f} s"])
     space = {**DATASETS.get("ColoredMNIST").hparam_space(), **ALGORITHMS.get(algorithm).hparam_space()}
-    hparams = draw_hparams(space, algorithm, "ColoredMNIST", 0)
+    hparams = draw_hparams(space, "ColoredMNIST", 0)
     splits = split_environments(dataset, 0.2, 0)
     n_images = sum(len(s_in) + len(s_out) for s_in, s_out in splits)
     models, steps_of = {}, {}
@@ -159,13 +159,23 @@ def bench_convolution_floor(steps: int) -> list[list]:
             ["convolutions only: bf16 step / fp32 step (128 images)", f"{ratio:.0%}"]]
 
 
-def _overhead_model(name: str, device: torch.device):
-    shape = DATASETS.get("ColoredMNIST").INPUT_SHAPE
-    space = {**DATASETS.get("ColoredMNIST").hparam_space(), **ALGORITHMS.get(name).hparam_space()}
-    hparams = {**draw_hparams(space, name, "ColoredMNIST", 0), "featurizer": "MNIST_CNN"}
+# the settings `--only overhead` compares a step in: (dataset, hparams on top of its defaults, examples per env)
+OVERHEAD_SETTINGS = {
+    "MNIST_CNN": ("ColoredMNIST", {"featurizer": "MNIST_CNN"}, 64),
+    # the IRM paper's protocol: 392-390-390-1 MLP, full batch, two environments of 25,000
+    "IRM-paper MLP, full batch": ("IRMColoredMNIST", {"mlp_width": 390}, 25_000),
+}
+
+
+def _overhead_model(name: str, device: torch.device, setting: str = "MNIST_CNN"):
+    dataset, extra, per_env = OVERHEAD_SETTINGS[setting]
+    shape = DATASETS.get(dataset).INPUT_SHAPE
+    space = {**DATASETS.get(dataset).hparam_space(), **ALGORITHMS.get(name).hparam_space()}
+    hparams = {**draw_hparams(space, dataset, 0), **extra}
     torch.manual_seed(0)
     model = place_model(ALGORITHMS.get(name)(shape, 2, 2, hparams), device, shape)
-    batches = [(torch.rand(64, *shape, device=device), torch.randint(0, 2, (64,), device=device)) for _ in range(2)]
+    batches = [(torch.rand(per_env, *shape, device=device), torch.randint(0, 2, (per_env,), device=device))
+               for _ in range(2)]
     if getattr(model, "prefers_channels_last", True):
         batches = [(x.contiguous(memory_format=torch.channels_last), y) for x, y in batches]
     return model, batches
@@ -203,9 +213,10 @@ def state_memory_mb(model) -> float:
     return sum(t.numel() * t.element_size() for t in tensors) / 2**20
 
 
-def bench_overhead(algorithm: str, base: str, steps: int) -> list[list]:
-    """`algorithm`'s train step against `base`'s on MNIST_CNN (64 per env x 2 envs): time and memory.
+def bench_overhead(algorithm: str, base: str, steps: int, settings: Sequence[str] = tuple(OVERHEAD_SETTINGS)) -> list[list]:
+    """`algorithm`'s train step against `base`'s in each of OVERHEAD_SETTINGS: time and memory.
 
+    MNIST_CNN: 64 per env x 2 envs; the IRM paper's MLP: 25,000 per env x 2 (full batch).
     Steps of the two alternate in one process and the medians are compared, so a
     machine whose load changes affects both alike; the ratio of the processes' CPU
     times is printed too, since it leaves out time stolen by other guests of a shared
@@ -213,27 +224,28 @@ def bench_overhead(algorithm: str, base: str, steps: int) -> list[list]:
     """
     device = resolve_device("auto")
     rows = []
-    for precision in ("fp32", "bf16"):
-        models = {name: _overhead_model(name, device) for name in (base, algorithm)}
-        times: dict[str, list[float]] = {name: [] for name in models}
-        cpu_times: dict[str, list[float]] = {name: [] for name in models}
-        for i in range(steps + 3):
-            for name, (model, batches) in models.items():
-                start, cpu_start = time.perf_counter(), time.process_time()
-                with autocast_context(device, precision):
-                    model.update(batches)
-                if i >= 3:  # warm-up: oneDNN picks and caches its kernels
-                    times[name].append(time.perf_counter() - start)
-                    cpu_times[name].append(time.process_time() - cpu_start)
-        memory = {name: step_memory_mb(*models[name], device, precision) + state_memory_mb(models[name][0])
-                  for name in models}
-        t_base, t_alg = statistics.median(times[base]), statistics.median(times[algorithm])
-        rows.append([f"{base} step, {precision}, MNIST_CNN", f"{t_base * 1000:.0f} ms, {memory[base]:.0f} MB"])
-        rows.append([f"{algorithm} step, {precision}, MNIST_CNN", f"{t_alg * 1000:.0f} ms, {memory[algorithm]:.0f} MB"])
-        cpu_ratio = statistics.median(cpu_times[algorithm]) / statistics.median(cpu_times[base])
-        rows.append([f"{algorithm} / {base}, {precision}",
-                     f"time {t_alg / t_base:.2f}x (CPU time {cpu_ratio:.2f}x), "
-                     f"memory {memory[algorithm] / max(memory[base], 1e-9):.2f}x"])
+    for setting in settings:
+        for precision in ("fp32", "bf16"):
+            models = {name: _overhead_model(name, device, setting) for name in (base, algorithm)}
+            times: dict[str, list[float]] = {name: [] for name in models}
+            cpu_times: dict[str, list[float]] = {name: [] for name in models}
+            for i in range(steps + 3):
+                for name, (model, batches) in models.items():
+                    start, cpu_start = time.perf_counter(), time.process_time()
+                    with autocast_context(device, precision):
+                        model.update(batches)
+                    if i >= 3:  # warm-up: oneDNN picks and caches its kernels
+                        times[name].append(time.perf_counter() - start)
+                        cpu_times[name].append(time.process_time() - cpu_start)
+            memory = {name: step_memory_mb(*models[name], device, precision) + state_memory_mb(models[name][0])
+                      for name in models}
+            t_base, t_alg = statistics.median(times[base]), statistics.median(times[algorithm])
+            rows.append([f"{base} step, {precision}, {setting}", f"{t_base * 1000:.0f} ms, {memory[base]:.0f} MB"])
+            rows.append([f"{algorithm} step, {precision}, {setting}", f"{t_alg * 1000:.0f} ms, {memory[algorithm]:.0f} MB"])
+            cpu_ratio = statistics.median(cpu_times[algorithm]) / statistics.median(cpu_times[base])
+            rows.append([f"{algorithm} / {base}, {precision}, {setting}",
+                         f"time {t_alg / t_base:.2f}x (CPU time {cpu_ratio:.2f}x), "
+                         f"memory {memory[algorithm] / max(memory[base], 1e-9):.2f}x"])
     return rows
 
 
@@ -251,7 +263,7 @@ def bench_dmg(data_dir: str, steps: int, rounds: int = 3) -> list[list]:
     models = {}
     for name in ("ERM", "DMG"):
         space = {**DATASETS.get("ColoredMNIST").hparam_space(), **ALGORITHMS.get(name).hparam_space()}
-        hparams = {**draw_hparams(space, name, "ColoredMNIST", 0), "featurizer": "MNIST_CNN"}
+        hparams = {**draw_hparams(space, "ColoredMNIST", 0), "featurizer": "MNIST_CNN"}
         torch.manual_seed(0)
         model = place_model(ALGORITHMS.get(name)(dataset.input_shape, dataset.num_classes, 2, hparams), device, dataset.input_shape)
         models[name] = (model, MinibatchSampler(train_splits, hparams["batch_size"], 0, device))
@@ -341,6 +353,104 @@ def bench_bookkeeping(n_runs: int = 10_000, n_records: int = 10_000) -> list[lis
     return rows
 
 
+def write_synthetic_sweep(root, n_runs: int = 10_000, records_per_run: int = 11) -> int:
+    """A sweep directory of `n_runs` done runs of made-up records (8 algorithms, ColoredMNIST and RotatedMNIST,
+    every single test environment, hparams draws and trials), for timing `report`; returns the record count."""
+    import json
+    from pathlib import Path
+
+    from domaingen.rundir import DONE, RESULTS, to_json
+
+    algorithms = ["ERM", "IRM", "VREx", "Fish", "SANDMask", "DMG", "ERM+ModReg", "IRM+ModReg"]
+    combos = [(ds, alg, env) for ds, n_envs in (("ColoredMNIST", 3), ("RotatedMNIST", 6))
+              for alg in algorithms for env in range(n_envs)]
+    n_records = 0
+    for r in range(n_runs):
+        dataset, algorithm, env = combos[r % len(combos)]
+        n_envs = 3 if dataset == "ColoredMNIST" else 6
+        hparams_seed, trial = (r // len(combos)) % 47, (r // len(combos)) // 47
+        args = {"dataset": dataset, "algorithm": algorithm, "test_envs": [env], "hparams_seed": hparams_seed,
+                "trial_seed": trial, "steps": 100 * (records_per_run - 1) + 1}
+        run = Path(root) / f"run{r:05d}"
+        run.mkdir(parents=True)
+        (run / "args.json").write_text(json.dumps(args))
+        lines = []
+        for s in range(records_per_run):
+            record = {"step": 100 * s, "loss": 1.0 / (s + 1), "args": args, "hparams": {"lr": 1e-3},
+                      "data_source": "synthetic",
+                      **{f"env{i}_{sp}_acc": 0.5 + 0.001 * ((r * 7 + s * 3 + i) % 97) for i in range(n_envs) for sp in ("in", "out")}}
+            if algorithm == "DMG":
+                record.update(dmg_layer0_iou=0.9 - 0.05 * s, dmg_iou=0.9 - 0.04 * s, penalty=0.5)
+            if algorithm.endswith("+ModReg"):
+                record.update(modreg_kept_fraction=1 - 0.03 * s, modreg_penalty=0.1)
+            lines.append(to_json(record))
+        (run / RESULTS).write_text("\n".join(lines) + "\n")
+        (run / DONE).write_text("{}")
+        n_records += records_per_run
+    return n_records
+
+
+def bench_report(n_runs: int = 10_000, records_per_run: int = 11) -> list[list]:
+    """`domaingen report` over a synthetic sweep directory of `n_runs` done runs (figures of selected runs only)."""
+    import tempfile
+    from pathlib import Path
+
+    from domaingen.report import build_report
+
+    with tempfile.TemporaryDirectory() as tmp:
+        start = time.perf_counter()
+        n_records = write_synthetic_sweep(Path(tmp) / "sweep", n_runs, records_per_run)
+        written = time.perf_counter() - start
+        cpu_before = _cpu_seconds()
+        start = time.perf_counter()
+        report = build_report(Path(tmp) / "sweep", Path(tmp) / "report")
+        elapsed = time.perf_counter() - start
+        cpu = _cpu_seconds() - cpu_before
+    return [[f"write a synthetic sweep directory ({n_runs} runs, {n_records} records)", f"{written:.1f} s"],
+            [f"report over it ({len(report.figures)} figures of {len(report.figures) and 'the selected runs'})",
+             f"{elapsed:.1f} s wall, {cpu:.1f} s CPU (figure workers included)"]]
+
+
+def _cpu_seconds() -> float:
+    """CPU time of this process and its finished children (user + system)."""
+    import resource
+
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
+def bench_diagnose(data_dir: str) -> list[list]:
+    """`diagnose` (no domain masks) of an MNIST_CNN ERM run on ColoredMNIST: reload with its data, then measure."""
+    import json
+    import tempfile
+    from pathlib import Path
+
+    from domaingen.diagnose import diagnose
+    from domaingen.reload import load_run
+    from domaingen.rundir import RunDirectory, to_json
+    from domaingen.training import TrainConfig, resolve
+
+    run = resolve(TrainConfig(dataset="ColoredMNIST", algorithm="ERM", output_dir="", test_envs=[2], data_dir=data_dir))
+    with tempfile.TemporaryDirectory() as tmp:
+        rundir = RunDirectory(Path(tmp) / "run")
+        rundir.create(run.args)
+        torch.manual_seed(0)
+        model = run.algorithm_cls((2, 28, 28), 2, 2, run.hparams)  # untrained weights: the cost does not depend on them
+        rundir.save_selected({"step": 0, "val_acc": 0.5, "model": model.state_dict()})
+        rundir.append_record({"step": 0, "hparams": run.hparams, "args": json.loads(to_json(run.args))})
+        cpu_before = _cpu_seconds()
+        start = time.perf_counter()
+        loaded = load_run(rundir.path, device="cpu")
+        loading = time.perf_counter() - start
+        result = diagnose(loaded)
+        total = time.perf_counter() - start
+        cpu = _cpu_seconds() - cpu_before
+    neurons = sum(layer["neurons"] for layer in result["layers"].values())
+    return [["diagnose MNIST_CNN: reload the model and build ColoredMNIST", f"{loading:.1f} s"],
+            [f"diagnose MNIST_CNN, no domain masks, total (3 envs x {result['max_examples']} examples, {neurons} neurons)",
+             f"{total:.1f} s wall, {cpu:.1f} s CPU"]]
+
+
 def write_pacs_shaped_tree(root, per_class: int, size: int = 224) -> int:
     """PACS's layout (4 domains x 7 classes) of smooth random size x size JPEGs; returns the image count."""
     import numpy as np
@@ -392,10 +502,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--algorithm", default="ERM")
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--skip_fp32_eval", action="store_true", help="the fp32 evaluation takes minutes on 2 cores")
-    parser.add_argument("--only", choices=["training", "floor", "bookkeeping", "overhead", "images", "dmg"], default=None)
+    parser.add_argument("--only", choices=["training", "floor", "bookkeeping", "overhead", "images", "dmg", "report", "diagnose"],
+                        default=None)
     parser.add_argument("--overhead", nargs="+", default=["ERM+ModReg"],
                         help="algorithms whose step is compared with --base (the overhead section)")
     parser.add_argument("--base", default="ERM")
+    parser.add_argument("--overhead_settings", nargs="+", choices=list(OVERHEAD_SETTINGS), default=list(OVERHEAD_SETTINGS),
+                        help="overhead: the models and batch sizes to compare the steps in")
     parser.add_argument("--workers", type=int, default=2, help="images: DataLoader workers to measure")
     ns = parser.parse_args(argv)
     data_dir = resolve_data_dir(ns.data_dir)
@@ -410,11 +523,15 @@ def main(argv: list[str] | None = None) -> int:
         rows += bench_convolution_floor(max(3, ns.steps // 2))
     if ns.only in (None, "overhead"):
         for algorithm in ns.overhead:
-            rows += bench_overhead(algorithm, ns.base, ns.steps)
+            rows += bench_overhead(algorithm, ns.base, ns.steps, ns.overhead_settings)
     if ns.only in (None, "images"):
         rows += bench_images(ns.workers)
     if ns.only in (None, "dmg"):
         rows += bench_dmg(data_dir, max(1, ns.steps // 2))
+    if ns.only in (None, "report"):
+        rows += bench_report()
+    if ns.only in (None, "diagnose"):
+        rows += bench_diagnose(data_dir)
     steal = steal_fraction(counters_at_start, cpu_time_counters())
     if steal is not None:
         # On a shared virtual machine the wall times above include the time other guests held the CPUs.

@@ -1,4 +1,4 @@
-"""The `domaingen` command: train, list, sweep, collect, download."""
+"""The `domaingen` command: train, list, sweep, collect, download, evaluate, diagnose, report."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from typing import Sequence
 
 from tabulate import tabulate
 
+from domaingen import inspect_cli
 from domaingen.errors import DomaingenError
 
 log = logging.getLogger("domaingen")
@@ -28,7 +29,8 @@ def _add_train_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--checkpoint_freq", type=int, default=None, help="default: the dataset's CHECKPOINT_FREQ")
     p.add_argument("--holdout_fraction", type=float, default=0.2)
     p.add_argument("--output_dir", required=True)
-    p.add_argument("--precision", choices=["fp32", "bf16"], default="fp32")
+    p.add_argument("--precision", choices=["fp32", "bf16", "auto"], default="fp32",
+                   help="auto: bf16 on a GPU with native bf16 or a CPU with AMX / AVX-512 bf16, else fp32")
     p.add_argument("--device", default="auto", help="auto (CUDA when present), cpu, cuda, cuda:N")
     p.add_argument("--compile_eval", action=argparse.BooleanOptionalAction, default=None,
                    help="evaluate through torch.compile (faster; compiles once per run); "
@@ -44,6 +46,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_sweep_parser(sub)
     _add_collect_parser(sub)
     _add_download_parser(sub)
+    inspect_cli.add_parsers(sub)
     return parser
 
 
@@ -73,11 +76,11 @@ def _add_sweep_parser(sub: argparse._SubParsersAction) -> None:
         a.add_argument("--n_trials", type=int)
         a.add_argument("--steps", type=int)
         a.add_argument("--checkpoint_freq", type=int)
-        a.add_argument("--precision", choices=["fp32", "bf16"])
+        a.add_argument("--precision", choices=["fp32", "bf16", "auto"])
         a.add_argument("--pairs", action="store_true", default=None, help="add every pair of test environments")
         a.add_argument("--hparams", help="JSON overrides for every job")
         if name == "launch":
-            a.add_argument("--launcher", default="parallel", choices=["local", "parallel", "slurm", "dry"])
+            a.add_argument("--launcher", default="parallel", choices=["local", "parallel", "slurm", "ray", "dry"])
             a.add_argument("--workers", type=int, default=2, help="parallel: processes at once")
             a.add_argument("--threads", type=int, default=None, help="torch threads per job (default: cores / workers)")
             a.add_argument("--dry", action="store_true", help="print the commands only")
@@ -92,8 +95,24 @@ def _add_sweep_parser(sub: argparse._SubParsersAction) -> None:
             a.add_argument("--slurm_cpus", type=int, default=4, help="CPUs per job")
             a.add_argument("--slurm_array_parallelism", type=int, default=64, help="max tasks running at once")
             a.add_argument("--slurm_cluster", default=None, help="submitit cluster (slurm, or local for testing)")
+            _add_scale_flags(a)
         if name == "delete-incomplete":
             a.add_argument("--yes", "-y", action="store_true")
+
+
+def _add_scale_flags(a: argparse.ArgumentParser) -> None:
+    """sweep launch flags for GPUs, detached Slurm and Ray."""
+    a.add_argument("--jobs_per_gpu", type=int, default=1,
+                   help="parallel on a CUDA machine: jobs at once per visible GPU (one worker each, pinned by "
+                        "CUDA_VISIBLE_DEVICES); --workers then does not apply")
+    a.add_argument("--detach", action="store_true",
+                   help="slurm: submit, record the Slurm job ids in the sweep directory and return at once")
+    a.add_argument("--slurm_max_array", type=int, default=1000,
+                   help="slurm: jobs per job array at most (Slurm's MaxArraySize; default 1000)")
+    a.add_argument("--ray_address", default=None,
+                   help="ray: HOST:PORT of a running cluster (ray start --head prints it); default: a local instance")
+    a.add_argument("--ray_cpus", type=float, default=1, help="ray: CPUs per job (its torch threads, rounded)")
+    a.add_argument("--ray_gpus", type=float, default=0, help="ray: GPUs per job (0.25 runs 4 jobs per GPU)")
 
 
 def _add_collect_parser(sub: argparse._SubParsersAction) -> None:
@@ -103,11 +122,26 @@ def _add_collect_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--selection", nargs="+", choices=["training", "loo", "oracle", "last"], default=None,
                    help="default: training and oracle, then loo when pair runs exist; "
                         "last = no selection, the final checkpoint (the IRM paper's protocol)")
-    p.add_argument("--error", choices=["se", "std"], default="se",
-                   help="what ± shows: standard error over trials (default) or their standard deviation")
+    p.add_argument("--hparams_choice", default="per_trial",
+                   help="per_trial (default, DomainBed's): per trial, the hparams draw with the best validation "
+                        "accuracy; pooled: one draw per cell, by validation accuracy averaged over trials")
+    p.add_argument("--error", choices=["domainbed", "se", "std"], default="domainbed",
+                   help="what ± shows: DomainBed's std(x/sqrt(n)) with ddof 0 (default), the sample "
+                        "standard error (ddof 1) or the sample standard deviation over trials")
+    p.add_argument("--top_hparams", action="store_true",
+                   help="instead of tables: per dataset, algorithm, test env and trial, the selected run, "
+                        "its hyperparameters and its validation and test accuracy")
     p.add_argument("--output", default=None, help="write here instead of stdout")
     p.add_argument("--show_trials", action="store_true", help="append the number of trials to each cell")
-    p.add_argument("--bare", action="store_true", help="latex: tables only, for \\input")
+    p.add_argument("--bare", action="store_true",
+                   help="latex: tables only, for \\input in a paper (the packages they need are named at the top)")
+    p.add_argument("--reference", nargs="+", default=None, metavar="FILE.csv",
+                   help="published numbers to add as rows labelled with their source (columns: dataset, algorithm, "
+                        "test_env or Avg, mean, error, source; optional selection, table); e.g. "
+                        "results/reference_domainbed_mnist.csv")
+    p.add_argument("--allow_mixed_sources", action="store_true",
+                   help="tabulate runs of one dataset that come from different data sources together "
+                        "(default: refuse; the captions then name every source)")
 
 
 def cmd_train(ns: argparse.Namespace) -> int:
@@ -193,6 +227,7 @@ def cmd_download(ns: argparse.Namespace) -> int:
 
 
 COMMANDS = {"train": cmd_train, "list": cmd_list, "sweep": cmd_sweep, "collect": cmd_collect, "download": cmd_download}
+COMMANDS.update(inspect_cli.COMMANDS)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -20,13 +20,14 @@ from domaingen.errors import DomaingenError
 from domaingen.evaluation import CompiledPredict, autocast_context, eval_batch_size, evaluate, training_domains
 from domaingen.hparams import apply_overrides, draw_hparams, parse_overrides, seed_hash
 from domaingen.networks import place_model, resolve_device
+from domaingen.precision import PRECISIONS, REQUESTED_PRECISIONS, resolve_precision
 from domaingen.rundir import DONE_STATE, FAILED_STATE, LOG, RunDirectory
 
 log = logging.getLogger(__name__)
 
-PRECISIONS = ("fp32", "bf16")
 # Arguments that do not change what a run computes, so a rerun may differ in them.
-NON_IDENTITY_ARGS = ("output_dir", "data_dir", "device", "compile_eval")
+# resolved_precision is what `precision` (fp32, bf16 or auto) meant where the run started.
+NON_IDENTITY_ARGS = ("output_dir", "data_dir", "device", "compile_eval", "resolved_precision")
 COMPILE_EVAL_ENV = "DOMAINGEN_COMPILE_EVAL"
 
 
@@ -79,6 +80,16 @@ class ResolvedRun:
         return {k: v for k, v in self.args.items() if k not in NON_IDENTITY_ARGS}
 
 
+def run_seed(dataset: str, algorithm: str, test_envs: Sequence[int], hparams_seed: int, trial_seed: int) -> int:
+    """The default training seed (weights, mask samples, minibatch order) of one run.
+
+    It hashes the BASE algorithm's name, so `X+ModReg` gets exactly X's seed: a restart of X
+    and of X+ModReg start from the same weights and see the same minibatches (paired
+    comparisons), and X's own seed is what it always was.
+    """
+    return seed_hash(dataset, ALGORITHMS.base_name(algorithm), list(test_envs), hparams_seed, trial_seed)
+
+
 def resolve(config: TrainConfig) -> ResolvedRun:
     """Validate names, environments and hyperparameters, and fill in defaults.
 
@@ -88,8 +99,10 @@ def resolve(config: TrainConfig) -> ResolvedRun:
     algorithm_cls = ALGORITHMS.get(config.algorithm)
     test_envs = sorted(int(e) for e in config.test_envs)
     dataset_cls.check_test_envs(test_envs)
-    if config.precision not in PRECISIONS:
-        raise DomaingenError(f"unknown precision '{config.precision}'; valid precisions: {', '.join(PRECISIONS)}")
+    if config.precision not in REQUESTED_PRECISIONS:
+        raise DomaingenError(
+            f"unknown precision '{config.precision}'; valid precisions: {', '.join(REQUESTED_PRECISIONS)}"
+        )
     if not 0.0 <= config.holdout_fraction < 1.0:
         raise DomaingenError(
             f"holdout_fraction must be at least 0 and below 1, got {config.holdout_fraction} "
@@ -101,10 +114,11 @@ def resolve(config: TrainConfig) -> ResolvedRun:
         raise DomaingenError(f"steps and checkpoint_freq must be positive, got {steps} and {freq}")
     space = {**dataset_cls.hparam_space(), **algorithm_cls.hparam_space()}
     overrides = parse_overrides(config.hparams)
-    hparams = apply_overrides(draw_hparams(space, config.algorithm, config.dataset, config.hparams_seed), overrides, space)
+    hparams = apply_overrides(draw_hparams(space, config.dataset, config.hparams_seed), overrides, space)
+    algorithm_cls.check_hparams(hparams)
     seed = config.seed
     if seed is None:
-        seed = seed_hash(config.dataset, config.algorithm, test_envs, config.hparams_seed, config.trial_seed)
+        seed = run_seed(config.dataset, config.algorithm, test_envs, config.hparams_seed, config.trial_seed)
     args = dataclasses.asdict(config)
     args.update(
         test_envs=test_envs,
@@ -117,6 +131,12 @@ def resolve(config: TrainConfig) -> ResolvedRun:
         compile_eval=compile_eval_default() if config.compile_eval is None else bool(config.compile_eval),
     )
     return ResolvedRun(args, hparams, dataset_cls, algorithm_cls)
+
+
+def _run_precision(rundir: RunDirectory, requested: str, device: torch.device) -> str:
+    """The precision the run computes in: fixed when it starts, so a resumed run keeps it on any machine."""
+    started = (rundir.read_args() or {}).get("resolved_precision")
+    return started if started in PRECISIONS else resolve_precision(requested, device.type)
 
 
 def peak_memory_gb(device: torch.device) -> float:
@@ -146,6 +166,7 @@ def train(config: TrainConfig) -> RunOutcome:
         log.info(message)
         return RunOutcome(DONE_STATE, str(rundir.path), rundir.records(), message)
     device = resolve_device(config.device)
+    run.args["resolved_precision"] = _run_precision(rundir, config.precision, device)
     dataset = run.dataset_cls(run.args["data_dir"], run.args["test_envs"], run.hparams)
     rundir.create(run.args)
     handler = logging.FileHandler(rundir.file(LOG))
@@ -197,14 +218,14 @@ def _train_loop(
     predict = CompiledPredict(algorithm, eval_batch_size(device)) if args["compile_eval"] else None
     full_batch = bool(hparams.get("full_batch", False))
     sampler = dataset.minibatch_sampler(train_splits, hparams["batch_size"], args["seed"], device)
-    start_step = _resume(rundir, algorithm, sampler)
+    start_step, selected = _resume(rundir, algorithm, sampler)
     steps_per_epoch = 1.0 if full_batch else min(len(s_in) / hparams["batch_size"] for s_in, _ in splits)
     log.info("%s on %s, test envs %s, hparams %s", args["algorithm"], args["dataset"], args["test_envs"], hparams)
     env_domains = training_domains(len(splits), args["test_envs"])
     pending: dict[str, list[float]] = {}
     for step in range(start_step, args["steps"]):
         started = time.perf_counter()
-        with autocast_context(device, args["precision"]):
+        with autocast_context(device, args["resolved_precision"]):
             losses = algorithm.update(sampler.next())
         bad = {k: v for k, v in losses.items() if not math.isfinite(v)}
         if bad:
@@ -216,7 +237,7 @@ def _train_loop(
                 "step": step,
                 "epoch": step / steps_per_epoch,
                 **{k: sum(v) / len(v) for k, v in pending.items()},
-                **evaluate(algorithm, splits, device, args["precision"], dataset=dataset, env_domains=env_domains,
+                **evaluate(algorithm, splits, device, args["resolved_precision"], dataset=dataset, env_domains=env_domains,
                            predict=predict),
                 **algorithm.diagnostics(),
                 "mem_gb": peak_memory_gb(device),
@@ -226,7 +247,8 @@ def _train_loop(
             }
             pending = {}
             rundir.append_record(record)
-            _save(rundir, step + 1, algorithm, sampler)
+            selected = _update_selected(rundir, record, args["test_envs"], len(splits), algorithm, selected)
+            _save(rundir, step + 1, algorithm, sampler, selected)
             log.info(_summary_line(record, args["test_envs"]))
     return rundir.records()
 
@@ -240,7 +262,39 @@ def _summary_line(record: Mapping[str, Any], test_envs: Sequence[int]) -> str:
     return f"step {record['step']}: loss {record['loss']:.4f} in-acc {accs} ({record['step_time']*1000:.0f} ms/step)"
 
 
-def _save(rundir: RunDirectory, next_step: int, algorithm: Algorithm, sampler: Any) -> None:
+def training_validation_accuracy(record: Mapping[str, Any], test_envs: Sequence[int], n_envs: int) -> float:
+    """Training-domain validation: the mean `out` accuracy over the training environments (NaN if any is missing)."""
+    values = [record.get(f"env{i}_out_acc") for i in range(n_envs) if i not in set(test_envs)]
+    if not values or any(v is None for v in values):
+        return float("nan")
+    return float(sum(values) / len(values))
+
+
+def _update_selected(
+    rundir: RunDirectory,
+    record: Mapping[str, Any],
+    test_envs: Sequence[int],
+    n_envs: int,
+    algorithm: Algorithm,
+    selected: dict[str, Any] | None,
+) -> dict[str, Any] | None:
+    """Write selected.pt when this checkpoint validates strictly better than the best so far.
+
+    Strictly: the earliest of equally good checkpoints stays selected, as in DomainBed's
+    collect. Returns the (step, val_acc) of the selected checkpoint, which `_save` keeps
+    in checkpoint.pt so that a resumed run compares against the same best.
+    """
+    val_acc = training_validation_accuracy(record, test_envs, n_envs)
+    if not math.isfinite(val_acc) or (selected is not None and val_acc <= selected["val_acc"]):
+        return selected
+    chosen = {"step": int(record["step"]), "val_acc": val_acc}
+    rundir.save_selected({**chosen, "algorithm": type(algorithm).__name__, "model": algorithm.state_dict()})
+    return chosen
+
+
+def _save(
+    rundir: RunDirectory, next_step: int, algorithm: Algorithm, sampler: Any, selected: dict[str, Any] | None
+) -> None:
     rundir.save_checkpoint(
         {
             "next_step": next_step,
@@ -248,16 +302,22 @@ def _save(rundir: RunDirectory, next_step: int, algorithm: Algorithm, sampler: A
             "sampler": sampler.state(),
             "torch_rng": torch.get_rng_state(),
             "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
+            "selected": selected,
         }
     )
 
 
-def _resume(rundir: RunDirectory, algorithm: Algorithm, sampler: Any) -> int:
-    """Load the last checkpoint if there is one; returns the step to start from."""
+def _resume(rundir: RunDirectory, algorithm: Algorithm, sampler: Any) -> tuple[int, dict[str, Any] | None]:
+    """Load the last checkpoint if there is one; returns the step to start from and the selected (step, val_acc).
+
+    A selected.pt newer than the last checkpoint (a crash between the two writes) is
+    rewritten when its step is redone: the resumed run compares against the best as of
+    the last checkpoint.
+    """
     state = rundir.load_checkpoint()
     if state is None:
         rundir.keep_records_before(0)
-        return 0
+        return 0, None
     algorithm.load_checkpoint_state(state["algorithm"])
     sampler.load_state(state["sampler"])
     torch.set_rng_state(state["torch_rng"])
@@ -265,4 +325,4 @@ def _resume(rundir: RunDirectory, algorithm: Algorithm, sampler: Any) -> int:
         torch.cuda.set_rng_state_all(state["cuda_rng"])
     rundir.keep_records_before(state["next_step"])
     log.info("resuming from step %d", state["next_step"])
-    return int(state["next_step"])
+    return int(state["next_step"]), state.get("selected")

@@ -142,3 +142,45 @@ def test_bf16_precision_trains(tmp_path):
     records = RunDirectory(tmp_path / "run").records()
     assert records[-1]["args"]["precision"] == "bf16"
     assert all(0.0 <= records[-1][f"env{i}_in_acc"] <= 1.0 for i in range(3))
+
+
+def _first_step(monkeypatch, tmp_path, algorithm: str, **kw):
+    """The featurizer's weights as built, and the first minibatches, of a 1-step run of `algorithm`."""
+    from domaingen.datasets.sampling import MinibatchSampler
+
+    seen: dict = {}
+    place_model = training.place_model
+    next_batches = MinibatchSampler.next
+
+    def spy_place_model(model, *args, **kwargs):
+        seen["weights"] = {k: v.detach().clone() for k, v in model.featurizer.state_dict().items()}
+        return place_model(model, *args, **kwargs)
+
+    def spy_next(self):
+        batches = next_batches(self)
+        seen.setdefault("batches", [(x.clone(), y.clone()) for x, y in batches])
+        return batches
+
+    monkeypatch.setattr(training, "place_model", spy_place_model)
+    monkeypatch.setattr(MinibatchSampler, "next", spy_next)
+    train(config(tmp_path / algorithm, algorithm=algorithm, steps=1, **kw))
+    monkeypatch.undo()
+    return seen
+
+
+@pytest.mark.parametrize("base", ["ERM", "IRM"])
+def test_x_and_x_plus_modreg_start_from_the_same_weights_and_batches(monkeypatch, tmp_path, base):
+    """Paired restarts: X+ModReg's featurizer at step 0 and its first minibatches are X's."""
+    kw = dict(hparams_seed=2, trial_seed=1)
+    plain = _first_step(monkeypatch, tmp_path, base, **kw)
+    composed = _first_step(monkeypatch, tmp_path, f"{base}+ModReg", **kw)
+    weights = {k: v for k, v in composed["weights"].items() if "mask_logits" not in k}
+    assert weights.keys() == plain["weights"].keys()
+    for key, value in plain["weights"].items():
+        assert torch.equal(weights[key], value), key
+    assert len(plain["batches"]) == len(composed["batches"]) == 2
+    for (xa, ya), (xb, yb) in zip(plain["batches"], composed["batches"]):
+        assert torch.equal(xa, xb) and torch.equal(ya, yb)
+    # a different algorithm is a different restart: other weights
+    other = _first_step(monkeypatch, tmp_path, "VREx", **kw)
+    assert not torch.equal(other["weights"]["layers.1.weight"], plain["weights"]["layers.1.weight"])
