@@ -139,6 +139,12 @@ def _add_collect_parser(sub: argparse._SubParsersAction) -> None:
                    help="published numbers to add as rows labelled with their source (columns: dataset, algorithm, "
                         "test_env or Avg, mean, error, source; optional selection, table); e.g. "
                         "results/reference_domainbed_mnist.csv")
+    p.add_argument("--paired", nargs="*", default=None, metavar="ALGORITHM:BASE",
+                   help="also tabulate paired differences of test accuracy, ALGORITHM minus BASE over the trials "
+                        "both have (same trial_seed: the same restart); no pairs given: every X+Y beside its X")
+    p.add_argument("--fields", nargs="+", default=None, metavar="GLOB",
+                   help="also tabulate record fields matching these globs (e.g. 'modreg_*_kept_fraction') at "
+                        "each trial's selected checkpoint, mean ± error over trials")
     p.add_argument("--allow_mixed_sources", action="store_true",
                    help="tabulate runs of one dataset that come from different data sources together "
                         "(default: refuse; the captions then name every source)")

@@ -182,30 +182,42 @@ def expand_modes(records: pd.DataFrame) -> pd.DataFrame:
     return pd.concat(parts, ignore_index=True) if len(parts) > 1 else records
 
 
-def count_missing_runs(runs: pd.DataFrame, dataset: str, algorithm: str, test_env: int, pairs: bool = False) -> int:
-    """How many runs a cell needs that are not done: failed, unfinished, or never written.
+class RunGrid:
+    """The sweep's grid of runs per (dataset, algorithm), indexed once for many cells.
 
-    The sweep's grid is inferred from every run directory of (dataset, algorithm):
-    each hparams_seed seen x each trial_seed seen, for the single test env
-    `test_env` and, with `pairs` (leave-one-domain-out), every pair {test_env, v}
-    seen for this dataset. A DomainBed sweep where one trial lacks some hparams draws
-    thus counts them as missing.
+    For a cell, the grid is inferred from every run directory of (dataset, algorithm):
+    each hparams_seed seen x each trial_seed seen, for the single test env and, for
+    leave-one-domain-out (`pairs`), every pair {test_env, v} seen for this dataset. A
+    DomainBed sweep where one trial lacks some hparams draws thus counts them as missing.
     """
-    if runs.empty or "state" not in runs:
-        return 0
-    mine = runs[(runs["dataset"] == dataset) & (runs["algorithm"] == algorithm)]
-    if mine.empty:
-        return 0
-    needed = {(test_env,)}
-    if pairs:
-        on_dataset = runs[runs["dataset"] == dataset]["test_envs"].map(tuple)
-        needed |= {e for e in on_dataset if len(e) == 2 and test_env in e}
-    seeds = mine["hparams_seed"].dropna().unique()
-    trials = mine["trial_seed"].dropna().unique()
-    done = mine[mine["state"] == "done"]
-    have = {(int(h), int(t), tuple(e)) for h, t, e in zip(done["hparams_seed"], done["trial_seed"], done["test_envs"])}
-    grid = {(int(h), int(t), e) for h in seeds for t in trials for e in needed}
-    return len(grid - have)
+
+    def __init__(self, runs: pd.DataFrame):
+        self._groups: dict[tuple[str, str], tuple[set, set, set]] = {}
+        self._pairs: dict[str, set[tuple[int, ...]]] = {}
+        if runs.empty or "state" not in runs:
+            return
+        for (dataset, algorithm), mine in runs.groupby(["dataset", "algorithm"], sort=False):
+            done = mine[mine["state"] == "done"]
+            have = {(int(h), int(t), tuple(e)) for h, t, e in zip(done["hparams_seed"], done["trial_seed"], done["test_envs"])}
+            self._groups[(dataset, algorithm)] = (set(mine["hparams_seed"].dropna().unique()),
+                                                  set(mine["trial_seed"].dropna().unique()), have)
+            self._pairs.setdefault(dataset, set()).update(tuple(e) for e in mine["test_envs"] if len(e) == 2)
+
+    def missing(self, dataset: str, algorithm: str, test_env: int, pairs: bool = False) -> int:
+        """How many runs the cell needs that are not done: failed, unfinished, or never written."""
+        if (dataset, algorithm) not in self._groups:
+            return 0
+        seeds, trials, have = self._groups[(dataset, algorithm)]
+        needed = {(test_env,)}
+        if pairs:
+            needed |= {e for e in self._pairs.get(dataset, ()) if test_env in e}
+        grid = {(int(h), int(t), e) for h in seeds for t in trials for e in needed}
+        return len(grid - have)
+
+
+def count_missing_runs(runs: pd.DataFrame, dataset: str, algorithm: str, test_env: int, pairs: bool = False) -> int:
+    """How many runs a cell needs that are not done (RunGrid, for one cell)."""
+    return RunGrid(runs).missing(dataset, algorithm, test_env, pairs)
 
 
 def n_environments(records: pd.DataFrame, dataset: str) -> int:

@@ -21,7 +21,7 @@ import numpy as np
 import pandas as pd
 from tabulate import tabulate
 
-from domaingen.collect import Collection, count_missing_runs, data_sources, expand_modes, n_environments
+from domaingen.collect import Collection, RunGrid, data_sources, expand_modes, n_environments
 from domaingen.datasets import DATASETS
 from domaingen.reference import reference_rows
 from domaingen.selection import HPARAMS_CHOICE_TITLES, METHOD_TITLES, check_hparams_choice, select
@@ -51,6 +51,14 @@ class Cell:
     error_bar: bool = True
     missing_runs: int = 0
     note: str = ""
+    percent: bool = True  # accuracies print as percentages (x100, one decimal); other quantities as they are
+
+    def number_texts(self, error: str = "domainbed") -> tuple[str, str]:
+        """The mean and the ± as printed ("" for no ±): x100 with one decimal, or 3 significant digits."""
+        spread = self.spread(error) if self.shows_error() else math.nan
+        if self.percent:
+            return f"{100 * self.mean:.1f}", "" if math.isnan(spread) else f"{100 * spread:.1f}"
+        return f"{self.mean:.3g}", "" if math.isnan(spread) else f"{spread:.2g}"
 
     @property
     def n(self) -> int:
@@ -93,7 +101,8 @@ class Cell:
     def text(self, show_n: bool = False, error: str = "domainbed") -> str:
         if not self.values:
             return f"missing: {self.missing}" if self.missing else "missing"
-        body = f"{100 * self.mean:.1f}" + (f" ± {100 * self.spread(error):.1f}" if self.shows_error() else "")
+        mean, spread = self.number_texts(error)
+        body = mean + (f" ± {spread}" if spread else "")
         return body + (f" (n={self.n})" if show_n and self.error_bar else "")
 
 
@@ -235,6 +244,10 @@ def dataset_tables(
     records = expand_modes(collection.records)
     bases = records.groupby("algorithm")["base_algorithm"].first().dropna().to_dict() if "base_algorithm" in records else {}
     selected = select(records, method, hparams_choice)
+    # one pass over the (large) frames instead of a boolean mask per cell
+    by_algorithm = dict(tuple(records.groupby(["dataset", "algorithm"], sort=True)))
+    by_cell = dict(tuple(selected.groupby(["dataset", "algorithm", "test_env"], sort=False))) if not selected.empty else {}
+    grid = RunGrid(collection.runs)
     test_tables, indomain_tables = [], []
     for dataset in sorted(records["dataset"].unique()):
         envs = held_out_environments(collection, dataset)
@@ -245,18 +258,16 @@ def dataset_tables(
         avg = average_label(names, envs)
         columns = [names[e] for e in envs] + ([avg] if avg else [])
         test_rows, in_rows = {}, {}
-        for algorithm in sorted(records[records["dataset"] == dataset]["algorithm"].unique()):
-            mine = records[(records["dataset"] == dataset) & (records["algorithm"] == algorithm)]
+        for algorithm in sorted(a for d, a in by_algorithm if d == dataset):
+            mine = by_algorithm[(dataset, algorithm)]
             # oracle and leave-one-domain-out validate on held-out domains
             undefined = algorithm in bases and method != "training" and _held_out_accuracy_missing(mine)
             test_cells, in_cells = [], []
             test_defined = False
             for env in envs:
-                chosen = selected[
-                    (selected["dataset"] == dataset) & (selected["algorithm"] == algorithm) & (selected["test_env"] == env)
-                ] if not selected.empty else selected
-                missing_runs = count_missing_runs(collection.runs, dataset, bases.get(algorithm, algorithm), env,
-                                                  pairs=method == "loo")
+                chosen = by_cell.get((dataset, algorithm, env), selected.iloc[:0])
+                missing_runs = grid.missing(dataset, bases.get(algorithm, algorithm), env,
+                                             pairs=method == "loo")
                 if len(chosen):
                     test_defined |= bool(chosen["test_acc"].notna().any())
                     test_cell, in_cell = _selected_cells(chosen, missing_runs)
@@ -435,7 +446,8 @@ def latex_escape(text: str) -> str:
 def _latex_cell(cell: Cell, show_n: bool, error: str = "domainbed") -> str:
     if not cell.values:
         return r"\textit{" + latex_escape(cell.text()) + "}"
-    text = f"{100 * cell.mean:.1f}" + (rf" $\pm$ {100 * cell.spread(error):.1f}" if cell.shows_error() else "")
+    mean, spread = cell.number_texts(error)
+    text = mean + (rf" $\pm$ {spread}" if spread else "")
     return text + (f" ({cell.n})" if show_n and cell.error_bar else "")
 
 
@@ -528,8 +540,9 @@ def to_csv(tables: Sequence[Table], error: str = "domainbed") -> str:
     cells and single trials), `se`, `std`, `n` (trials; for an Avg cell, the columns
     averaged), `missing` (runs of the sweep's grid the cell needed that are not done),
     `note` (why a cell is empty, or what an average covers), per trial, `;`-joined
-    in trial order: `trial_seeds`, `hparams_seeds`, `steps` and `runs` (the selected
-    run directories), and `data_source`, the runs' data source. Rows of published
+    in trial order: `trial_seeds`, `hparams_seeds`, `steps`, `runs` (the selected
+    run directories) and `values` (each trial's number, unrounded), and `data_source`,
+    the runs' data source. Rows of published
     numbers (collect --reference) name their `source`, with the ± they print in
     `published_error` (ours leave both empty).
     """
@@ -556,6 +569,7 @@ def to_csv(tables: Sequence[Table], error: str = "domainbed") -> str:
                         "hparams_seeds": _joined(cell, "hparams_seed"),
                         "steps": _joined(cell, "step"),
                         "runs": _joined(cell, "run"),
+                        "values": ";".join(repr(float(v)) for v in cell.values),
                         "data_source": table.data_source,
                         "source": "",
                         "published_error": None,

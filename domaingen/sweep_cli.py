@@ -181,12 +181,16 @@ def collect_command(ns: argparse.Namespace) -> int:
     import pandas as pd
 
     from domaingen.collect import collect
+    from domaingen.comparisons import field_tables, paired_tables, parse_pairs
     from domaingen.reference import read_reference
     from domaingen.reporting import build_tables, to_csv, to_latex, to_markdown
     from domaingen.selection import check_hparams_choice
     from domaingen.top_hparams import top_hparams_csv, top_hparams_markdown
 
     check_hparams_choice(ns.hparams_choice)
+    pairs = parse_pairs(ns.paired)
+    if ns.top_hparams and (pairs is not None or ns.fields):
+        raise DomaingenError("--paired and --fields add tables; --top_hparams prints none: use one or the other")
     reference = pd.concat([read_reference(f) for f in ns.reference], ignore_index=True) if ns.reference else None
     collection = collect(ns.input_dir, allow_mixed_sources=ns.allow_mixed_sources)
     _add_unlaunched_jobs(collection, ns.input_dir)
@@ -201,6 +205,9 @@ def collect_command(ns: argparse.Namespace) -> int:
             text = top_hparams_markdown(collection, methods, ns.hparams_choice)
     else:
         tables = build_tables(collection, methods, ns.hparams_choice, reference)
+        derived = paired_tables(tables, pairs) if pairs is not None else []
+        derived += field_tables(tables, collection.records, ns.fields) if ns.fields else []
+        tables += derived
         if ns.format == "markdown":
             text = to_markdown(tables, collection, ns.show_trials, ns.error)
         elif ns.format == "latex":

@@ -1,0 +1,118 @@
+"""collect --paired and --fields: differences by restart and record fields at the selected checkpoint."""
+
+from __future__ import annotations
+
+import io
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from domaingen.cli import main
+from domaingen.collect import Collection
+from domaingen.comparisons import default_pairs, field_tables, paired_tables, parse_pairs
+from domaingen.errors import DomaingenError
+from domaingen.reporting import build_tables, to_csv, to_markdown
+from domaingen.rundir import to_json
+from test_selection import rec
+
+# test accuracy (env 0's in split) per trial at the last step, which training-domain validation picks
+# (the out accuracies of envs 1, 2 rise with the step); trial 2 of ERM+ModReg does not exist
+TEST = {"ERM": [0.50, 0.60, 0.70], "ERM+ModReg": [0.55, 0.58]}
+KEPT = {0: [0.9, 0.4], 1: [0.8, 0.3]}  # ERM+ModReg's kept fraction at steps 0, 1 per trial
+
+
+def records() -> pd.DataFrame:
+    rows = []
+    for algorithm, tests in TEST.items():
+        for trial, test in enumerate(tests):
+            for step in (0, 1):
+                row = rec(algorithm, [0], 0, trial, step, [test if step else 0.1, .9, .9], [.5, .6 + step / 10, .6 + step / 10],
+                          dataset="ColoredMNIST")
+                if algorithm == "ERM+ModReg":
+                    row["modreg_kept_fraction"] = KEPT[trial][step]
+                    row["modreg_layer0_kept_fraction"] = KEPT[trial][step] / 2
+                rows.append(row)
+    return pd.DataFrame(rows)
+
+
+@pytest.fixture
+def collection() -> Collection:
+    return Collection(records())
+
+
+def test_paired_differences_match_by_trial_seed(collection):
+    tables = build_tables(collection, ["training"])
+    [paired] = paired_tables(tables, parse_pairs([]))
+    assert paired.columns == ["+90%"] and list(paired.rows) == ["ERM+ModReg − ERM"]
+    cell = paired.rows["ERM+ModReg − ERM"][0]
+    diffs = np.array([0.55 - 0.50, 0.58 - 0.60])  # trials 0 and 1; ERM's trial 2 has no partner
+    assert cell.values == pytest.approx(diffs.tolist())
+    assert cell.se == pytest.approx(np.std(diffs, ddof=1) / np.sqrt(2))
+    assert cell.note == "lower in 1 of 2 trials, higher in 1; 1 unpaired trial(s) left out"
+    assert [t["trial_seed"] for t in cell.trace] == [0, 1]
+    md = to_markdown(tables + [paired], collection, error="se")
+    assert f"| ERM+ModReg − ERM | {100 * diffs.mean():.1f} ± {100 * np.std(diffs, ddof=1) / np.sqrt(2):.1f} |" in md
+
+
+def test_named_pairs_and_their_errors(collection):
+    tables = build_tables(collection, ["training"])
+    [paired] = paired_tables(tables, parse_pairs(["ERM:ERM+ModReg"]))
+    assert paired.rows["ERM − ERM+ModReg"][0].values == pytest.approx([-0.05, 0.02])
+    assert default_pairs(["ERM", "IRM+ModReg", "ERM+ModReg"]) == [("ERM+ModReg", "ERM")]
+    with pytest.raises(DomaingenError, match="--paired takes ALGORITHM:BASE pairs"):
+        parse_pairs(["ERM-ERM+ModReg"])
+    with pytest.raises(DomaingenError, match="--paired names IRM, which no table has"):
+        paired_tables(tables, [("IRM", "ERM")])
+    only_erm = Collection(records().query("algorithm == 'ERM'"))
+    with pytest.raises(DomaingenError, match="no composed algorithm X\\+Y beside its base X"):
+        paired_tables(build_tables(only_erm, ["training"]), [])
+
+
+def test_fields_are_read_at_the_selected_checkpoint(collection):
+    tables = build_tables(collection, ["training"])
+    [fields] = field_tables(tables, collection.records, ["modreg_*kept_fraction"])
+    assert fields.columns == ["modreg_kept_fraction", "modreg_layer0_kept_fraction"]
+    assert list(fields.rows) == ["ERM+ModReg"]  # ERM records no such field
+    whole, layer0 = fields.rows["ERM+ModReg"]
+    assert whole.values == pytest.approx([0.4, 0.3])  # step 1, the selected one, of trials 0 and 1
+    assert layer0.values == pytest.approx([0.2, 0.15])
+    assert whole.text(error="se") == f"{0.35:.3g} ± {np.std([0.4, 0.3], ddof=1) / np.sqrt(2):.2g}"  # not x100
+    csv = pd.read_csv(io.StringIO(to_csv([fields])))
+    assert csv["table"].tolist() == ["fields", "fields"] and csv["mean"].tolist() == pytest.approx([0.35, 0.175])
+    assert csv["values"].iloc[0] == "0.4;0.3"
+    with pytest.raises(DomaingenError, match="--fields nothing_like_this matches no numeric field"):
+        field_tables(tables, collection.records, ["nothing_like_this"])
+
+
+def write_sweep(root):
+    for (algorithm, trial, test_envs), sub in records().groupby(["algorithm", "trial_seed", "test_envs"]):
+        run = root / f"{algorithm}_{trial}"
+        run.mkdir(parents=True)
+        args = {"dataset": "ColoredMNIST", "algorithm": algorithm, "test_envs": list(test_envs), "hparams_seed": 0,
+                "trial_seed": int(trial)}
+        lines = [to_json({**{k: v for k, v in r.items() if k.startswith(("env", "modreg")) or k == "step"},
+                          "args": args, "hparams": {}, "data_source": "MNIST-70000"}) for r in sub.to_dict("records")]
+        (run / "results.jsonl").write_text("\n".join(lines) + "\n")
+        (run / "args.json").write_text(json.dumps(args))
+        (run / "done").write_text("{}")
+
+
+def test_collect_command_adds_the_tables(tmp_path, capsys):
+    write_sweep(tmp_path / "s")
+    assert main(["-q", "collect", "--input_dir", str(tmp_path / "s"), "--selection", "training", "--paired",
+                 "--fields", "modreg_kept_fraction", "--format", "csv"]) == 0
+    csv = pd.read_csv(io.StringIO(capsys.readouterr().out))
+    paired = csv[csv["table"] == "paired"].iloc[0]
+    assert paired["algorithm"] == "ERM+ModReg − ERM" and paired["mean"] == pytest.approx(0.015)
+    assert paired["runs"] == "ERM+ModReg_0-ERM_0;ERM+ModReg_1-ERM_1"
+    assert csv[csv["table"] == "fields"]["mean"].tolist() == pytest.approx([0.35])
+
+
+def test_collect_refuses_bad_pairs_in_one_line(tmp_path, capsys):
+    write_sweep(tmp_path / "s")
+    assert main(["collect", "--input_dir", str(tmp_path / "s"), "--paired", "ERM"]) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1].endswith("--paired takes ALGORITHM:BASE pairs (e.g. ERM+ModReg:ERM), got 'ERM'")
+    assert main(["collect", "--input_dir", str(tmp_path / "s"), "--paired", "--top_hparams"]) == 2
+    assert "--top_hparams prints none" in capsys.readouterr().err
