@@ -35,6 +35,19 @@ def _add_train_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--compile_eval", action=argparse.BooleanOptionalAction, default=None,
                    help="evaluate through torch.compile (faster; compiles once per run); "
                         "default: $DOMAINGEN_COMPILE_EVAL=1 turns it on")
+    _add_eval_flags(p)
+
+
+def _add_eval_flags(p: argparse.ArgumentParser) -> None:
+    """--eval_splits and --train_in_every (validated by eval_plan: one line and exit 2 when wrong)."""
+    p.add_argument("--eval_splits", default=None,
+                   help="selection (default for new runs): each checkpoint evaluates every out split and the test "
+                        "environments' in splits, the training environments' in splits only at the last "
+                        "checkpoint; all: every split at every checkpoint (DomainBed's); a resumed run keeps "
+                        "what it started with")
+    p.add_argument("--train_in_every", type=int, default=None, metavar="K",
+                   help="with selection: also evaluate the training environments' in splits at every K-th "
+                        "checkpoint (learning curves)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -79,6 +92,7 @@ def _add_sweep_parser(sub: argparse._SubParsersAction) -> None:
         a.add_argument("--precision", choices=["fp32", "bf16", "auto"])
         a.add_argument("--pairs", action="store_true", default=None, help="add every pair of test environments")
         a.add_argument("--hparams", help="JSON overrides for every job")
+        _add_eval_flags(a)
         if name == "launch":
             a.add_argument("--launcher", default="parallel", choices=["local", "parallel", "slurm", "ray", "dry"])
             a.add_argument("--workers", type=int, default=2, help="parallel: processes at once")
@@ -113,6 +127,12 @@ def _add_scale_flags(a: argparse.ArgumentParser) -> None:
                    help="ray: HOST:PORT of a running cluster (ray start --head prints it); default: a local instance")
     a.add_argument("--ray_cpus", type=float, default=1, help="ray: CPUs per job (its torch threads, rounded)")
     a.add_argument("--ray_gpus", type=float, default=0, help="ray: GPUs per job (0.25 runs 4 jobs per GPU)")
+    a.add_argument("--jobs_per_task", type=int, default=1, metavar="K",
+                   help="slurm, ray: each task runs K jobs one after another, paying the imports and the dataset "
+                        "once (give --slurm_time for K jobs); a requeued task resumes its unfinished jobs")
+    a.add_argument("--dataset_cache_mb", type=float, default=None,
+                   help="each worker keeps the datasets it built for its later jobs, up to this many MB, least "
+                        "recently used evicted first; 0 = off (default: $DOMAINGEN_DATASET_CACHE_MB, else 1024)")
 
 
 def _add_collect_parser(sub: argparse._SubParsersAction) -> None:
@@ -169,6 +189,8 @@ def cmd_train(ns: argparse.Namespace) -> int:
         precision=ns.precision,
         device=ns.device,
         compile_eval=ns.compile_eval,
+        eval_splits=ns.eval_splits,
+        train_in_every=ns.train_in_every,
     )
     outcome = train(config)
     print(outcome.message)

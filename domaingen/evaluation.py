@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from typing import Callable, Iterable, Sequence
+from typing import Callable, Collection, Iterable, Sequence
 
 import torch
 
@@ -149,8 +149,14 @@ def evaluate(
     dataset: MultiDomainDataset | None = None,
     env_domains: Sequence[int | None] | None = None,
     predict: Predict | None = None,
+    only: Collection[str] | None = None,
 ) -> dict[str, float]:
     """{'env{i}_in_acc', 'env{i}_out_acc'} for every environment, in eval mode without autograd.
+
+    `only` names the splits to evaluate ('env{i}_in', 'env{i}_out'; see eval_plan);
+    None evaluates every split. A split left out gets no fields, and a dataset's
+    `environment_metrics` (over an environment's in and out splits together) is
+    computed only for environments whose both splits are evaluated.
 
     With `dataset`, its `eval_batches` feeds the examples (image datasets use their
     DataLoader workers) and its `environment_metrics` adds its own fields. For each of
@@ -172,15 +178,17 @@ def evaluate(
                     (mode, f"_{mode}") for mode, needs_domain in algorithm.EVAL_MODES.items()
                     if domain is not None or not needs_domain
                 ]
+                wanted = [(name, split) for name, split in (("in", split_in), ("out", split_out))
+                          if only is None or f"env{i}_{name}" in only]
                 for mode, suffix in modes:
                     predicted = []
-                    for name, split in (("in", split_in), ("out", split_out)):
+                    for name, split in wanted:
                         batches = dataset.eval_batches(split, batch_size) if dataset is not None else _slices(split, batch_size)
                         pred, labels = split_predictions(algorithm, batches, device, precision, mode, domain, predict)
                         accuracy = int((pred == labels).sum()) / len(split) if len(split) else float("nan")
                         results[f"env{i}_{name}_acc{suffix}"] = accuracy
                         predicted.append(pred)
-                    if dataset is not None and mode is None:
+                    if dataset is not None and mode is None and len(wanted) == 2:
                         index = torch.cat([split_in.index, split_out.index])
                         results.update(dataset.environment_metrics(i, index, torch.cat(predicted)))
     finally:

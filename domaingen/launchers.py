@@ -2,7 +2,10 @@
 
 Every launcher runs the same `run_job` function, which calls `training.train`
 in the worker process; a job's own errors end up in its `failed` marker and its
-state, never in the launcher.
+state, never in the launcher. A worker process keeps the datasets it built in
+its `worker_cache` for its later jobs; Slurm and Ray tasks run a chunk of
+`jobs_per_task` jobs (`run_job_chunk`), so that a task pays the imports and the
+dataset once per chunk.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import multiprocessing
 
 from tqdm.auto import tqdm
 
+from domaingen.datasets.cache import DatasetCache, cache_mb_default
 from domaingen.errors import DomaingenError
 from domaingen.gpus import CUDA_VISIBLE_DEVICES, detect_gpus, worker_gpus
 from domaingen.runlock import RUNNING_ELSEWHERE, RunLockedError, run_lock
@@ -50,11 +54,31 @@ class JobResult:
     message: str = ""
 
 
-def run_job(job_id: str, config_kwargs: Mapping[str, Any], threads: int | None = None) -> JobResult:
+# The datasets a worker process built, for its later jobs. Process-wide on purpose: a
+# worker (a pool process, a Slurm or Ray task) lives across jobs, and only the process
+# can own what it keeps; `worker_cache` is the one way to reach it.
+_WORKER_CACHE: list[DatasetCache] = []
+
+
+def worker_cache(max_mb: float | None = None) -> DatasetCache:
+    """This process's dataset cache, created on first use with `max_mb` (None: cache_mb_default()).
+
+    A later call with another `max_mb` replaces it (empty) with one of that bound.
+    """
+    bound = cache_mb_default() if max_mb is None else float(max_mb)
+    if not _WORKER_CACHE or _WORKER_CACHE[0].max_bytes != int(bound * 2**20):
+        _WORKER_CACHE[:] = [DatasetCache(bound)]
+    return _WORKER_CACHE[0]
+
+
+def run_job(
+    job_id: str, config_kwargs: Mapping[str, Any], threads: int | None = None, cache: DatasetCache | None = None
+) -> JobResult:
     """Run one job in this process (resuming it if it is incomplete).
 
     The job's run lock is held throughout; a job another process holds is not
-    run and ends as RUNNING_ELSEWHERE.
+    run and ends as RUNNING_ELSEWHERE. `cache` serves datasets built by earlier
+    jobs of this process (see datasets.cache).
     """
     import torch
 
@@ -64,7 +88,7 @@ def run_job(job_id: str, config_kwargs: Mapping[str, Any], threads: int | None =
         torch.set_num_threads(threads)
     try:
         with run_lock(config_kwargs["output_dir"]):  # another launch may be running this job
-            outcome = train(TrainConfig(**config_kwargs))
+            outcome = train(TrainConfig(**config_kwargs), dataset_cache=cache)
         return JobResult(job_id, outcome.state, outcome.message)
     except RunLockedError as exc:
         return JobResult(job_id, RUNNING_ELSEWHERE, str(exc))
@@ -72,13 +96,36 @@ def run_job(job_id: str, config_kwargs: Mapping[str, Any], threads: int | None =
         return JobResult(job_id, "failed", f"{type(exc).__name__}: {exc}")
 
 
-def _quiet_worker(threads: int) -> None:
+def run_job_chunk(
+    chunk: Sequence[tuple[str, Mapping[str, Any]]], threads: int | None = None, cache_mb: float | None = None
+) -> list[JobResult]:
+    """Run (job id, config kwargs) pairs one after another in this process, sharing its dataset cache.
+
+    A job that raises ends as failed and the chunk goes on. Jobs already done are
+    skipped and incomplete ones resume, so a requeued chunk finishes what is unfinished.
+    """
+    cache = worker_cache(cache_mb)
+    return [run_job(job_id, kwargs, threads, cache) for job_id, kwargs in chunk]
+
+
+def chunks(items: Sequence[Any], size: int) -> list[list[Any]]:
+    """`items` in consecutive chunks of `size` (the last may be shorter)."""
+    return [list(items[i:i + size]) for i in range(0, len(items), max(1, size))]
+
+
+def _cached_job(job_id: str, config_kwargs: Mapping[str, Any], threads: int | None) -> JobResult:
+    """run_job with the worker process's dataset cache (what a parallel worker runs)."""
+    return run_job(job_id, config_kwargs, threads, worker_cache())
+
+
+def _quiet_worker(threads: int, cache_mb: float | None = None) -> None:
     # workers log only to each run's log.txt; the launcher's progress bar is the console
     logging.getLogger().addHandler(logging.NullHandler())
     logging.getLogger("domaingen").propagate = False
     import torch
 
     torch.set_num_threads(threads)
+    worker_cache(cache_mb)
 
 
 def _job_kwargs(job: Job, sweep_dir: str, data_dir: str | None) -> dict[str, Any]:
@@ -102,12 +149,24 @@ class LaunchOptions:
     ray_address: str | None = None  # ray: a running cluster's HOST:PORT; None = a new local instance
     ray_cpus: float = 1  # ray: CPUs per task
     ray_gpus: float = 0  # ray: GPUs per task (fractions share a GPU)
+    jobs_per_task: int = 1  # slurm, ray: jobs run one after another by one task
+    dataset_cache_mb: float | None = None  # each worker's dataset cache bound; None: cache_mb_default()
 
 
 def check_options(launcher: str, options: LaunchOptions) -> None:
     """Refuse launch options that cannot work, before anything is written or submitted."""
     if options.jobs_per_gpu < 1:
         raise DomaingenError(f"--jobs_per_gpu must be at least 1, got {options.jobs_per_gpu}")
+    if options.jobs_per_task < 1:
+        raise DomaingenError(f"--jobs_per_task must be at least 1, got {options.jobs_per_task}")
+    if options.jobs_per_task > 1 and launcher not in ("slurm", "ray", "dry"):
+        raise DomaingenError(
+            f"--jobs_per_task works with --launcher slurm or ray, not {launcher} (its workers already run job "
+            "after job); drop --jobs_per_task"
+        )
+    if options.dataset_cache_mb is not None and options.dataset_cache_mb < 0:
+        raise DomaingenError(f"--dataset_cache_mb must be at least 0 (0 turns the cache off), got "
+                             f"{options.dataset_cache_mb:g}")
     if options.detach and launcher not in ("slurm", "dry"):
         raise DomaingenError(f"--detach works with --launcher slurm only, not {launcher}; drop --detach")
     if launcher == "ray":
@@ -146,9 +205,10 @@ def _launch_dry(jobs, sweep_dir, data_dir, options) -> list[JobResult]:
 def _launch_local(jobs, sweep_dir, data_dir, options) -> list[JobResult]:
     results = []
     threads = options.threads or available_cores()
+    cache = worker_cache(options.dataset_cache_mb)
     with _progress(len(jobs), options) as bar:
         for job in jobs:
-            results.append(run_job(job.job_id, _job_kwargs(job, sweep_dir, data_dir), threads))
+            results.append(run_job(job.job_id, _job_kwargs(job, sweep_dir, data_dir), threads, cache))
             bar.update(1)
     return results
 
@@ -164,8 +224,9 @@ def _launch_parallel(jobs, sweep_dir, data_dir, options) -> list[JobResult]:
     # spawn, not fork: a forked worker of a process that touched CUDA or OpenMP can hang
     context = multiprocessing.get_context("spawn")
     results = []
-    with ProcessPoolExecutor(workers, mp_context=context, initializer=_quiet_worker, initargs=(threads,)) as pool:
-        futures = [pool.submit(run_job, job.job_id, _job_kwargs(job, sweep_dir, data_dir), threads) for job in jobs]
+    with ProcessPoolExecutor(workers, mp_context=context, initializer=_quiet_worker,
+                             initargs=(threads, options.dataset_cache_mb)) as pool:
+        futures = [pool.submit(_cached_job, job.job_id, _job_kwargs(job, sweep_dir, data_dir), threads) for job in jobs]
         with _progress(len(jobs), options) as bar:
             for future in as_completed(futures):
                 results.append(future.result())
@@ -173,14 +234,14 @@ def _launch_parallel(jobs, sweep_dir, data_dir, options) -> list[JobResult]:
     return results
 
 
-def _pin_worker(slots: Any, threads: int) -> None:
+def _pin_worker(slots: Any, threads: int, cache_mb: float | None = None) -> None:
     # runs before the worker touches CUDA, so the variable decides the one GPU it sees
     os.environ[CUDA_VISIBLE_DEVICES] = slots.get()
-    _quiet_worker(threads)
+    _quiet_worker(threads, cache_mb)
 
 
 def _run_pinned(job_id: str, config_kwargs: Mapping[str, Any], threads: int | None) -> JobResult:
-    result = run_job(job_id, config_kwargs, threads)
+    result = _cached_job(job_id, config_kwargs, threads)
     gpu = os.environ.get(CUDA_VISIBLE_DEVICES, "")
     return JobResult(result.job_id, result.state, f"{result.message} (GPU {gpu})".lstrip())
 
@@ -197,7 +258,8 @@ def _launch_parallel_gpus(jobs, sweep_dir, data_dir, options, gpus: Sequence[str
     for gpu in assignment:
         slots.put(gpu)
     results = []
-    with ProcessPoolExecutor(workers, mp_context=context, initializer=_pin_worker, initargs=(slots, threads)) as pool:
+    with ProcessPoolExecutor(workers, mp_context=context, initializer=_pin_worker,
+                             initargs=(slots, threads, options.dataset_cache_mb)) as pool:
         futures = [pool.submit(_run_pinned, job.job_id, _job_kwargs(job, sweep_dir, data_dir), threads) for job in jobs]
         with _progress(len(jobs), options) as bar:
             for future in as_completed(futures):
@@ -206,15 +268,18 @@ def _launch_parallel_gpus(jobs, sweep_dir, data_dir, options, gpus: Sequence[str
     return results
 
 
-class _RequeueableJob:
-    """A submitit callable that asks to be requeued on preemption or timeout.
+class _RequeueableChunk:
+    """A submitit callable that runs a chunk of jobs and asks to be requeued on preemption or timeout.
 
-    The job resumes from its own checkpoint when it starts again, so requeueing
-    is all it takes.
+    The requeued task runs the same chunk again: done jobs are skipped, the one that
+    was interrupted resumes from its checkpoint, and the rest start, so requeueing is
+    all it takes.
     """
 
-    def __call__(self, job_id: str, config_kwargs: Mapping[str, Any], threads: int | None) -> JobResult:
-        return run_job(job_id, config_kwargs, threads)
+    def __call__(
+        self, chunk: Sequence[tuple[str, Mapping[str, Any]]], threads: int | None, cache_mb: float | None = None
+    ) -> list[JobResult]:
+        return run_job_chunk(chunk, threads, cache_mb)
 
     def checkpoint(self, *args: Any, **kwargs: Any):
         import submitit
@@ -245,21 +310,28 @@ def _launch_slurm(jobs, sweep_dir, data_dir, options) -> list[JobResult]:
     from domaingen.slurm_jobs import DEFAULT_MAX_ARRAY, as_submissions, record_submissions, submit_arrays
 
     executor, cluster, folder, threads = _slurm_executor(sweep_dir, options)
-    arguments = [(job.job_id, _job_kwargs(job, sweep_dir, data_dir), threads) for job in jobs]
+    groups = chunks([(job.job_id, _job_kwargs(job, sweep_dir, data_dir)) for job in jobs], options.jobs_per_task)
+    arguments = [(group, threads, options.dataset_cache_mb) for group in groups]
     max_array = options.slurm.get("max_array") or DEFAULT_MAX_ARRAY
-    pairs, failures = submit_arrays(executor, _RequeueableJob(), [j.job_id for j in jobs], arguments, max_array)
-    record_submissions(sweep_dir, as_submissions(pairs, cluster, folder))
+    task_ids = [group[0][0] for group in groups]  # a task is named by its first job
+    pairs, failures = submit_arrays(executor, _RequeueableChunk(), task_ids, arguments, max_array)
+    members = {group[0][0]: [job_id for job_id, _ in group] for group in groups}
+    job_pairs = [(job_id, handle) for first, handle in pairs for job_id in members[first]]
+    record_submissions(sweep_dir, as_submissions(job_pairs, cluster, folder))
     arrays = sorted({str(handle.job_id).split("_")[0] for _, handle in pairs})
-    options.print_fn(f"submitted {len(pairs)} jobs as {len(arrays)} array(s): {' '.join(arrays) or '-'}")
-    results = [JobResult(job_id, NOT_SUBMITTED, failure.reason) for failure in failures for job_id in failure.job_ids]
+    per_task = f" in {len(pairs)} tasks of up to {options.jobs_per_task}" if options.jobs_per_task > 1 else ""
+    options.print_fn(f"submitted {len(job_pairs)} jobs{per_task} as {len(arrays)} array(s): {' '.join(arrays) or '-'}")
+    results = [JobResult(job_id, NOT_SUBMITTED, failure.reason)
+               for failure in failures for first in failure.job_ids for job_id in members[first]]
     if options.detach:
-        return results + [JobResult(job_id, SUBMITTED, str(handle.job_id)) for job_id, handle in pairs]
-    ids = {id(handle): job_id for job_id, handle in pairs}
-    with _progress(len(pairs), options) as bar:
+        return results + [JobResult(job_id, SUBMITTED, str(handle.job_id)) for job_id, handle in job_pairs]
+    firsts = {id(handle): first for first, handle in pairs}
+    with _progress(len(job_pairs), options) as bar:
         for handle in submitit.helpers.as_completed([handle for _, handle in pairs]):
+            group = members[firsts[id(handle)]]
             try:
-                results.append(handle.result())
+                results.extend(handle.result())
             except Exception as exc:  # the scheduler killed or lost it
-                results.append(JobResult(ids[id(handle)], "failed", f"{type(exc).__name__}: {exc}"))
-            bar.update(1)
+                results.extend(JobResult(job_id, "failed", f"{type(exc).__name__}: {exc}") for job_id in group)
+            bar.update(len(group))
     return results

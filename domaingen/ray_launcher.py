@@ -75,38 +75,41 @@ def connect(ray: Any, address: str | None, num_cpus: int) -> bool:
     return True
 
 
-def ray_job(job_id: str, config_kwargs: Mapping[str, Any], threads: int | None) -> Any:
-    """The task body: run_job with the worker's logging kept out of the driver's console."""
-    from domaingen.launchers import run_job
+def ray_chunk(chunk: Sequence[tuple[str, Mapping[str, Any]]], threads: int | None, cache_mb: float | None) -> Any:
+    """The task body: run_job_chunk (one job, or --jobs_per_task of them) with the worker's logging kept
+    out of the driver's console. Ray's workers live across tasks, so their dataset cache does too."""
+    from domaingen.launchers import run_job_chunk
 
     logging.getLogger("domaingen").propagate = False
-    return run_job(job_id, config_kwargs, threads)
+    return run_job_chunk(chunk, threads, cache_mb)
 
 
 def launch_ray(jobs: Sequence[Any], sweep_dir: str, data_dir: str | None, options: Any) -> list[Any]:
     """Run every job as a Ray task; returns one JobResult per job, a dead task's as failed."""
-    from domaingen.launchers import JobResult, _job_kwargs, _progress, available_cores
+    from domaingen.launchers import JobResult, _job_kwargs, _progress, available_cores, chunks
 
     ray = import_ray()
     started = connect(ray, options.ray_address, available_cores())
     try:
-        task = ray.remote(num_cpus=options.ray_cpus, num_gpus=options.ray_gpus, max_retries=MAX_RETRIES)(ray_job)
+        # a task that dies is retried whole: its done jobs are skipped, the interrupted one resumes
+        task = ray.remote(num_cpus=options.ray_cpus, num_gpus=options.ray_gpus, max_retries=MAX_RETRIES)(ray_chunk)
         threads = options.threads or max(1, int(options.ray_cpus))
-        pending = {
-            task.remote(job.job_id, _job_kwargs(job, sweep_dir, data_dir), threads): job.job_id for job in jobs
-        }
+        groups = chunks([(job.job_id, _job_kwargs(job, sweep_dir, data_dir)) for job in jobs], options.jobs_per_task)
+        pending = {task.remote(group, threads, options.dataset_cache_mb): [job_id for job_id, _ in group]
+                   for group in groups}
         results = []
         with _progress(len(jobs), options) as bar:
             while pending:
                 ready, _ = ray.wait(list(pending), num_returns=1)
                 for ref in ready:
-                    job_id = pending.pop(ref)
+                    job_ids = pending.pop(ref)
                     try:
-                        results.append(ray.get(ref))
+                        results.extend(ray.get(ref))
                     except Exception as exc:  # a task Ray gave up on (worker died past its retries, cancelled)
                         first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-                        results.append(JobResult(job_id, "failed", f"{type(exc).__name__}: {first}"))
-                    bar.update(1)
+                        results.extend(JobResult(job_id, "failed", f"{type(exc).__name__}: {first}")
+                                       for job_id in job_ids)
+                    bar.update(len(job_ids))
         return results
     finally:
         if started:

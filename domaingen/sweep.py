@@ -25,6 +25,7 @@ else:  # pragma: no cover
 from domaingen.algorithms import ALGORITHMS
 from domaingen.datasets import DATASETS
 from domaingen.errors import DomaingenError
+from domaingen.eval_plan import check_eval_splits
 from domaingen.runlock import is_locked
 from domaingen.rundir import DONE_STATE, FAILED_STATE, INCOMPLETE, NOT_LAUNCHED, RunDirectory, atomic_write_bytes
 from domaingen.precision import REQUESTED_PRECISIONS
@@ -52,6 +53,8 @@ class SweepSpec:
     checkpoint_freq: int | None = None
     holdout_fraction: float = 0.2
     precision: str = "fp32"
+    eval_splits: str | None = None  # None: the default (eval_plan); not part of a job's id unless set
+    train_in_every: int | None = None
     hparams: dict[str, Any] = field(default_factory=dict)  # overrides for every job
     algorithm_hparams: dict[str, dict[str, Any]] = field(default_factory=dict)  # per algorithm
     # [[parts]]: sub-sweeps, each the top-level keys overridden by its own; their jobs run in order
@@ -112,6 +115,10 @@ def parse_spec(data: Mapping[str, Any], source: str = "spec") -> SweepSpec:
         raise SpecError(
             f"{source}: 'precision' must be one of {', '.join(REQUESTED_PRECISIONS)}, got {data['precision']!r}"
         )
+    try:
+        check_eval_splits(data.get("eval_splits"), data.get("train_in_every"))
+    except DomaingenError as exc:
+        raise SpecError(f"{source}: {exc}") from None
     if "holdout_fraction" in data:
         _expect("holdout_fraction", data["holdout_fraction"], (int, float), "a number in [0, 1)")
     if data.get("test_envs") is not None:
@@ -234,6 +241,9 @@ def build_jobs(spec: SweepSpec) -> list[Job]:
                     "holdout_fraction": spec.holdout_fraction,
                     "precision": spec.precision,
                 }
+                # set only when asked for, so that the ids of sweeps launched before these keys existed stay
+                args.update({k: getattr(spec, k) for k in ("eval_splits", "train_in_every")
+                             if getattr(spec, k) is not None})
                 jobs.append(Job(job_id(args), args))
     if not jobs:
         raise SpecError("the sweep has no jobs; check algorithms, datasets and test_envs")
@@ -255,8 +265,10 @@ def prepare_sweep_dir(sweep_dir: str | os.PathLike, spec: SweepSpec, force: bool
     if not os.access(path, os.W_OK):
         raise DomaingenError(f"output_dir {path} is not writable; choose another --output_dir")
     recorded = read_recorded_spec(path)
-    if recorded is not None and recorded != spec.canonical() and not force:
-        changed = sorted(k for k in set(recorded) | set(spec.canonical()) if recorded.get(k) != spec.canonical().get(k))
+    # a key the recorded spec lacks reads as None: a spec written before the key existed is the same spec
+    changed = sorted(k for k in set(recorded or {}) | set(spec.canonical())
+                     if (recorded or {}).get(k) != spec.canonical().get(k))
+    if recorded is not None and changed and not force:
         raise DomaingenError(
             f"{path} holds a sweep with a different spec (differs in: {', '.join(changed)}); "
             "use another --output_dir, or --force to launch this spec into it"
@@ -305,6 +317,9 @@ def train_command(job: Job, sweep_dir: str | os.PathLike, data_dir: str | None) 
         "--precision", a["precision"],
         "--output_dir", str(job.directory(sweep_dir)),
     ]
+    for key in ("eval_splits", "train_in_every"):
+        if a.get(key) is not None:
+            parts += [f"--{key}", str(a[key])]
     if a["hparams"]:
         parts += ["--hparams", json.dumps(a["hparams"], sort_keys=True)]
     if data_dir:

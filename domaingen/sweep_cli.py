@@ -28,7 +28,8 @@ from domaingen.sweep import (
     read_recorded_spec,
 )
 
-FLAG_KEYS = ("algorithms", "datasets", "n_hparams", "n_trials", "steps", "checkpoint_freq", "precision", "pairs")
+FLAG_KEYS = ("algorithms", "datasets", "n_hparams", "n_trials", "steps", "checkpoint_freq", "precision", "pairs",
+             "eval_splits", "train_in_every")
 
 
 def spec_from_args(ns: argparse.Namespace):
@@ -135,6 +136,8 @@ def _launch_options(ns) -> LaunchOptions:
         ray_address=ns.ray_address,
         ray_cpus=ns.ray_cpus,
         ray_gpus=ns.ray_gpus,
+        jobs_per_task=ns.jobs_per_task,
+        dataset_cache_mb=ns.dataset_cache_mb,
     )
 
 

@@ -15,8 +15,10 @@ import torch
 
 from domaingen.algorithms import ALGORITHMS, Algorithm
 from domaingen.datasets import DATASETS, MultiDomainDataset, resolve_data_dir, split_environments
+from domaingen.datasets.cache import DatasetCache
 from domaingen.datasets.sampling import MinibatchSampler  # noqa: F401  (re-exported: bench and older code import it here)
-from domaingen.errors import DomaingenError
+from domaingen.errors import DomaingenError, RunDirectoryError
+from domaingen.eval_plan import DEFAULT_EVAL_SPLITS, LEGACY_EVAL_SPLITS, check_eval_splits, planned_splits
 from domaingen.evaluation import CompiledPredict, autocast_context, eval_batch_size, evaluate, training_domains
 from domaingen.hparams import apply_overrides, draw_hparams, parse_overrides, seed_hash
 from domaingen.networks import place_model, resolve_device
@@ -64,6 +66,8 @@ class TrainConfig:
     precision: str = "fp32"
     device: str = "auto"
     compile_eval: bool | None = None  # None: $DOMAINGEN_COMPILE_EVAL (1 = on), else off
+    eval_splits: str | None = None  # selection or all; None: what a resumed run started with, else the default
+    train_in_every: int | None = None  # selection: also the training envs' in splits at every k-th checkpoint
 
 
 @dataclass
@@ -99,6 +103,7 @@ def resolve(config: TrainConfig) -> ResolvedRun:
     algorithm_cls = ALGORITHMS.get(config.algorithm)
     test_envs = sorted(int(e) for e in config.test_envs)
     dataset_cls.check_test_envs(test_envs)
+    check_eval_splits(config.eval_splits, config.train_in_every)
     if config.precision not in REQUESTED_PRECISIONS:
         raise DomaingenError(
             f"unknown precision '{config.precision}'; valid precisions: {', '.join(REQUESTED_PRECISIONS)}"
@@ -129,8 +134,32 @@ def resolve(config: TrainConfig) -> ResolvedRun:
         data_dir=resolve_data_dir(config.data_dir),
         embedded_data=resolve_data_dir(config.data_dir) == "embedded",
         compile_eval=compile_eval_default() if config.compile_eval is None else bool(config.compile_eval),
+        eval_splits=config.eval_splits or DEFAULT_EVAL_SPLITS,
     )
     return ResolvedRun(args, hparams, dataset_cls, algorithm_cls)
+
+
+# Part of a run's identity, but checked on their own: a resumed run keeps what it started with
+EVAL_ARGS = ("eval_splits", "train_in_every")
+
+
+def _keep_eval_splits(run: ResolvedRun, config: TrainConfig, stored: Mapping[str, Any] | None) -> None:
+    """A resumed run evaluates the splits it started with; a different explicit request is refused.
+
+    A run started before runs recorded `eval_splits` evaluated every split (LEGACY_EVAL_SPLITS).
+    """
+    if stored is None:
+        return
+    started = {"eval_splits": stored.get("eval_splits", LEGACY_EVAL_SPLITS),
+               "train_in_every": stored.get("train_in_every")}
+    asked = {"eval_splits": config.eval_splits, "train_in_every": config.train_in_every}
+    for key in EVAL_ARGS:
+        if asked[key] is not None and asked[key] != started[key]:
+            raise RunDirectoryError(
+                f"{config.output_dir} holds a run started with {key} {started[key]!r}, not {asked[key]!r}; "
+                f"resume it without --{key} (it keeps {started[key]!r}) or choose another --output_dir"
+            )
+    run.args.update(started)
 
 
 def _run_precision(rundir: RunDirectory, requested: str, device: torch.device) -> str:
@@ -156,18 +185,27 @@ class RunOutcome:
     message: str = ""
 
 
-def train(config: TrainConfig) -> RunOutcome:
-    """Run (or resume, or skip if done) one training run; see the module docstring of rundir."""
+def train(config: TrainConfig, dataset_cache: DatasetCache | None = None) -> RunOutcome:
+    """Run (or resume, or skip if done) one training run; see the module docstring of rundir.
+
+    `dataset_cache` (a sweep worker's) serves the dataset and its splits when an earlier
+    job built them; the run computes exactly what it computes without one.
+    """
     run = resolve(config)
     rundir = RunDirectory(config.output_dir)
-    rundir.check_identity(run.identity(), run.identity().keys())
+    _keep_eval_splits(run, config, rundir.read_args())
+    rundir.check_identity(run.identity(), [k for k in run.identity() if k not in EVAL_ARGS])
     if rundir.state() == DONE_STATE:
         message = f"{rundir.path} is already done; nothing to do"
         log.info(message)
         return RunOutcome(DONE_STATE, str(rundir.path), rundir.records(), message)
     device = resolve_device(config.device)
     run.args["resolved_precision"] = _run_precision(rundir, config.precision, device)
-    dataset = run.dataset_cls(run.args["data_dir"], run.args["test_envs"], run.hparams)
+    if dataset_cache is not None:
+        dataset = dataset_cache.dataset(config.dataset, run.dataset_cls, run.args["data_dir"], run.args["test_envs"],
+                                        run.hparams)
+    else:
+        dataset = run.dataset_cls(run.args["data_dir"], run.args["test_envs"], run.hparams)
     rundir.create(run.args)
     handler = logging.FileHandler(rundir.file(LOG))
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
@@ -182,7 +220,7 @@ def train(config: TrainConfig) -> RunOutcome:
             log.info("retrying a run that failed before: %s", rundir.failure_reason())
             rundir.clear_failed()
         try:
-            records = _train_loop(run, dataset, device, rundir)
+            records = _train_loop(run, dataset, device, rundir, dataset_cache)
         except KeyboardInterrupt:
             log.warning("interrupted; rerun the same command to resume from the last checkpoint")
             raise
@@ -200,7 +238,8 @@ def train(config: TrainConfig) -> RunOutcome:
 
 
 def _train_loop(
-    run: ResolvedRun, dataset: MultiDomainDataset, device: torch.device, rundir: RunDirectory
+    run: ResolvedRun, dataset: MultiDomainDataset, device: torch.device, rundir: RunDirectory,
+    dataset_cache: DatasetCache | None = None,
 ) -> list[dict[str, Any]]:
     args, hparams = run.args, run.hparams
     if run.args["embedded_data"]:
@@ -210,7 +249,10 @@ def _train_loop(
             dataset.data_source,
         )
     torch.manual_seed(args["seed"])
-    splits = split_environments(dataset, args["holdout_fraction"], args["trial_seed"])
+    if dataset_cache is not None:
+        splits = dataset_cache.splits(dataset, args["dataset"], args["holdout_fraction"], args["trial_seed"])
+    else:
+        splits = split_environments(dataset, args["holdout_fraction"], args["trial_seed"])
     train_splits = [s_in for i, (s_in, _) in enumerate(splits) if i not in args["test_envs"]]
     algorithm = run.algorithm_cls(dataset.input_shape, dataset.num_classes, len(train_splits), hparams)
     algorithm = place_model(algorithm, device, dataset.input_shape)
@@ -233,12 +275,15 @@ def _train_loop(
         for key, value in {**losses, "step_time": time.perf_counter() - started}.items():
             pending.setdefault(key, []).append(value)
         if step % args["checkpoint_freq"] == 0 or step == args["steps"] - 1:
+            evaluated = planned_splits(step, args["steps"], args["checkpoint_freq"], len(splits), args["test_envs"],
+                                       args["eval_splits"], args["train_in_every"])
             record = {
                 "step": step,
                 "epoch": step / steps_per_epoch,
                 **{k: sum(v) / len(v) for k, v in pending.items()},
                 **evaluate(algorithm, splits, device, args["resolved_precision"], dataset=dataset, env_domains=env_domains,
-                           predict=predict),
+                           predict=predict, only=evaluated),
+                "evaluated": evaluated,
                 **algorithm.diagnostics(),
                 "mem_gb": peak_memory_gb(device),
                 "data_source": dataset.data_source,

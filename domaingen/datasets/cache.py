@@ -1,0 +1,213 @@
+"""Built datasets kept between the jobs of one worker process (a bounded LRU cache).
+
+A sweep worker (a local or parallel launcher's process, a Slurm or Ray task that
+runs a chunk of jobs) builds ColoredMNIST, RotatedMNIST, ... once and reuses the
+environments for every later job on the same data. Only datasets whose
+environments are tensors in memory (`Environment`) are kept: image datasets
+hold file lists and DataLoader workers, which are cheap to list and not safe to share.
+
+The key holds everything that decides the examples: the dataset's registered
+name and class, its environment definitions (every upper-case class constant
+of plain values: ENVIRONMENTS, COLOR_FLIP, ANGLES, DATA_SEED, ...), the data
+directory (absolute) and a fingerprint of the files under it that the dataset
+reads (their sizes and modification times). The in/out splits of each
+(trial_seed, holdout_fraction) are kept with the entry. A job gets a shallow
+copy of the cached dataset with its own test_envs and hparams; the environment
+tensors are shared and never written to (batches are new tensors).
+
+The bound is on the bytes of the kept tensors (inputs, labels, split indices):
+`--dataset_cache_mb`, default DEFAULT_CACHE_MB (ColoredMNIST: 110 MB, RotatedMNIST: 55 MB);
+0 disables the cache. When an entry would exceed it, the least recently used
+entries are evicted first; an entry larger than the bound itself is not kept.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import os
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Hashable, Mapping, Sequence
+
+import torch
+
+from domaingen.datasets.base import EMBEDDED, Environment, MultiDomainDataset
+from domaingen.datasets.splits import Split, split_environments
+
+log = logging.getLogger(__name__)
+
+DEFAULT_CACHE_MB = 1024
+CACHE_MB_ENV = "DOMAINGEN_DATASET_CACHE_MB"
+
+
+def definition(cls: type[MultiDomainDataset]) -> tuple[tuple[str, Any], ...]:
+    """The class constants that define a dataset's environments, as a hashable, sorted tuple."""
+    items = []
+    for name in dir(cls):
+        if not name.isupper() or name == "HPARAMS":
+            continue
+        value = getattr(cls, name)
+        if isinstance(value, (int, float, str, bool, tuple)) or value is None:
+            items.append((name, value))
+    return tuple(sorted(items, key=lambda item: item[0]))
+
+
+def source_fingerprint(data_dir: str) -> tuple[tuple[str, int, int], ...] | str:
+    """(relative path, size, mtime in ns) of the files under `data_dir`'s MNIST folder, or 'embedded'.
+
+    The MNIST datasets read `<data_dir>/MNIST/raw`; a replaced or re-downloaded file
+    changes the fingerprint, so a cached dataset is never served from stale files.
+    """
+    if data_dir == EMBEDDED:
+        return EMBEDDED
+    root = Path(data_dir).expanduser() / "MNIST"
+    found = []
+    for dirpath, _, files in os.walk(root):
+        for name in files:
+            path = Path(dirpath) / name
+            try:
+                stat = path.stat()
+            except OSError:
+                continue
+            found.append((str(path.relative_to(root)), stat.st_size, stat.st_mtime_ns))
+    return tuple(sorted(found))
+
+
+def cache_key(name: str, cls: type[MultiDomainDataset], data_dir: str) -> Hashable:
+    """What decides a dataset's examples: name, class, environment definitions, data directory and files."""
+    directory = data_dir if data_dir == EMBEDDED else str(Path(data_dir).expanduser().resolve())
+    return (name, f"{cls.__module__}.{cls.__qualname__}", definition(cls), directory, source_fingerprint(data_dir))
+
+
+def tensor_bytes(environments: Sequence[Environment]) -> int:
+    """Bytes of the environments' tensors (inputs, labels, source indices)."""
+    total = 0
+    for env in environments:
+        for tensor in (env.x, env.y, env.source_index):
+            if isinstance(tensor, torch.Tensor):
+                total += tensor.numel() * tensor.element_size()
+    return total
+
+
+def _split_bytes(splits: Sequence[tuple[Split, Split]]) -> int:
+    return sum(s.index.numel() * s.index.element_size() for pair in splits for s in pair)
+
+
+@dataclass
+class _Entry:
+    dataset: MultiDomainDataset
+    splits: dict[tuple[int, float], list[tuple[Split, Split]]] = field(default_factory=dict)
+    nbytes: int = 0
+
+
+@dataclass
+class CacheStats:
+    """Hits, misses and evictions so far, for logs and tests."""
+
+    hits: int = 0
+    misses: int = 0
+    evictions: int = 0
+
+
+class DatasetCache:
+    """An LRU cache of built in-memory datasets and their splits, bounded by `max_mb` megabytes."""
+
+    def __init__(self, max_mb: float = DEFAULT_CACHE_MB) -> None:
+        if max_mb < 0:
+            raise ValueError(f"max_mb must be at least 0, got {max_mb}")
+        self.max_bytes = int(max_mb * 2**20)
+        self._entries: OrderedDict[Hashable, _Entry] = OrderedDict()
+        self.stats = CacheStats()
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held now."""
+        return sum(entry.nbytes for entry in self._entries.values())
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def dataset(
+        self,
+        name: str,
+        cls: type[MultiDomainDataset],
+        data_dir: str,
+        test_envs: Sequence[int],
+        hparams: Mapping[str, Any],
+        build: Callable[[], MultiDomainDataset] | None = None,
+    ) -> MultiDomainDataset:
+        """The dataset `cls(data_dir, test_envs, hparams)`, built once per key and shared.
+
+        `build` replaces the constructor call (tests count the builds through it).
+        """
+        build = build or (lambda: cls(data_dir, test_envs, hparams))
+        if self.max_bytes == 0:
+            return build()
+        key = cache_key(name, cls, data_dir)
+        entry = self._entries.get(key)
+        if entry is None:
+            self.stats.misses += 1
+            dataset = build()
+            if not dataset.environments or not all(isinstance(e, Environment) for e in dataset.environments):
+                return dataset  # files and loaders, not tensors: not kept
+            entry = _Entry(dataset, nbytes=tensor_bytes(dataset.environments))
+            self._store(key, entry)
+        else:
+            self.stats.hits += 1
+            self._entries.move_to_end(key)
+        shared = copy.copy(entry.dataset)
+        shared.test_envs = list(test_envs)
+        shared.hparams = dict(hparams)
+        return shared
+
+    def splits(
+        self, dataset: MultiDomainDataset, name: str, holdout_fraction: float, trial_seed: int
+    ) -> list[tuple[Split, Split]]:
+        """split_environments(dataset, holdout_fraction, trial_seed), kept with the dataset's entry."""
+        entry = self._entry_of(dataset, name)
+        if entry is None:
+            return split_environments(dataset, holdout_fraction, trial_seed)
+        key = (int(trial_seed), float(holdout_fraction))
+        if key not in entry.splits:
+            entry.splits[key] = split_environments(dataset, holdout_fraction, trial_seed)
+            entry.nbytes += _split_bytes(entry.splits[key])
+            self._evict(keep=self._key_of(entry))
+        return entry.splits[key]
+
+    def _key_of(self, entry: _Entry) -> Hashable | None:
+        return next((k for k, e in self._entries.items() if e is entry), None)
+
+    def _entry_of(self, dataset: MultiDomainDataset, name: str) -> _Entry | None:
+        for entry in self._entries.values():
+            if entry.dataset.environments is dataset.environments:
+                return entry
+        return None
+
+    def _store(self, key: Hashable, entry: _Entry) -> None:
+        if entry.nbytes > self.max_bytes:
+            log.info("dataset %s (%.0f MB) exceeds the dataset cache (%.0f MB); not kept",
+                     key[0], entry.nbytes / 2**20, self.max_bytes / 2**20)
+            return
+        self._entries[key] = entry
+        self._evict(keep=key)
+
+    def _evict(self, keep: Hashable | None) -> None:
+        """Drop least recently used entries (never `keep`) until the bound holds; `keep` itself if need be."""
+        while self.nbytes > self.max_bytes and self._entries:
+            victim = next((k for k in self._entries if k != keep), keep)
+            self._entries.pop(victim)
+            self.stats.evictions += 1
+            log.info("dataset cache: evicted %s", victim[0])
+            if victim == keep:
+                break
+
+    def clear(self) -> None:
+        self._entries.clear()
+
+
+def cache_mb_default() -> float:
+    """$DOMAINGEN_DATASET_CACHE_MB, else DEFAULT_CACHE_MB."""
+    value = os.environ.get(CACHE_MB_ENV, "").strip()
+    return float(value) if value else float(DEFAULT_CACHE_MB)
