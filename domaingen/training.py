@@ -250,7 +250,7 @@ def _train_loop(
         )
     torch.manual_seed(args["seed"])
     if dataset_cache is not None:
-        splits = dataset_cache.splits(dataset, args["dataset"], args["holdout_fraction"], args["trial_seed"])
+        splits = dataset_cache.splits(dataset, args["holdout_fraction"], args["trial_seed"])
     else:
         splits = split_environments(dataset, args["holdout_fraction"], args["trial_seed"])
     train_splits = [s_in for i, (s_in, _) in enumerate(splits) if i not in args["test_envs"]]

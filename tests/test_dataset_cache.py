@@ -104,7 +104,7 @@ def test_cached_dataset_and_splits_equal_a_fresh_build():
         for a, b in zip(shared.environments, fresh.environments):
             assert torch.equal(a.x, b.x) and torch.equal(a.y, b.y)
         for trial in (0, 1):
-            splits = cache.splits(shared, "ColoredMNIST", 0.2, trial)
+            splits = cache.splits(shared, 0.2, trial)
             expected = split_environments(fresh, 0.2, trial)
             assert all(torch.equal(s.index, e.index) for pair, exp in zip(splits, expected) for s, e in zip(pair, exp))
     assert cache.stats.misses == 1 and cache.stats.hits == 1

@@ -118,3 +118,13 @@ def test_a_worker_killed_mid_job_is_retried_and_resumes(tmp_path, capsys, local_
     assert cli(capsys, *launch_argv(spec, straight, "--launcher", "local"))[0] == 0
     tables = [cli(capsys, "collect", "--input_dir", str(d), "--format", "csv")[1] for d in (out, straight)]
     assert tables[0] == tables[1]
+
+
+def test_tasks_of_two_jobs_give_the_tables_of_single_jobs(tmp_path, capsys, local_ray):
+    spec, out, straight = tmp_path / "spec.toml", tmp_path / "sweep", tmp_path / "straight"
+    spec.write_text(SPEC.replace("steps = 40", "steps = 5"))
+    code, stdout, _ = cli(capsys, *launch_argv(spec, out, "--launcher", "ray", "--jobs_per_task", "2"))
+    assert code == 0 and "launched 3 jobs: 3 done" in stdout
+    assert cli(capsys, *launch_argv(spec, straight, "--launcher", "local", "--dataset_cache_mb", "0"))[0] == 0
+    tables = [cli(capsys, "collect", "--input_dir", str(d), "--format", "csv")[1] for d in (out, straight)]
+    assert tables[0] == tables[1]
