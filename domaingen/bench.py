@@ -1,6 +1,10 @@
 """`make bench`: the speed and memory figures the issues ask for (not timed assertions).
 
-Run with DOMAINGEN_DATA pointing at real MNIST: python -m domaingen.bench [--only training|floor|bookkeeping|overhead|images|dmg|report|diagnose]
+Run with DOMAINGEN_DATA pointing at real MNIST: python -m domaingen.bench [--only training|floor|fullrun|jobs|bookkeeping|overhead|images|dmg|report|diagnose]
+
+`fullrun` and `jobs` compare this tree with a baseline commit (--baseline, default main or,
+where main already has issue 17's change, the commit before it) measured in the same run
+(see bench_baseline); `make bench` runs every section.
 """
 
 from __future__ import annotations
@@ -502,8 +506,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--algorithm", default="ERM")
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--skip_fp32_eval", action="store_true", help="the fp32 evaluation takes minutes on 2 cores")
-    parser.add_argument("--only", choices=["training", "floor", "bookkeeping", "overhead", "images", "dmg", "report", "diagnose"],
-                        default=None)
+    parser.add_argument("--only", choices=["training", "floor", "fullrun", "jobs", "bookkeeping", "overhead", "images",
+                                           "dmg", "report", "diagnose"], default=None)
+    parser.add_argument("--baseline", default="main",
+                        help="fullrun, jobs: the commit to compare with (default main; where main already has "
+                             "--eval_splits, the commit before it was added)")
+    parser.add_argument("--jobs", type=int, default=24, help="jobs: how many short MLP jobs the compared sweeps run")
     parser.add_argument("--overhead", nargs="+", default=["ERM+ModReg"],
                         help="algorithms whose step is compared with --base (the overhead section)")
     parser.add_argument("--base", default="ERM")
@@ -519,8 +527,16 @@ def main(argv: list[str] | None = None) -> int:
         rows += bench_bookkeeping()
     if ns.only in (None, "training"):
         rows += bench_training(data_dir, ns.algorithm, ns.steps, ns.skip_fp32_eval)
-    if ns.only in (None, "training", "floor"):
+    if ns.only in (None, "fullrun"):
+        from domaingen.bench_baseline import main_rows
+
+        rows += main_rows("fullrun", data_dir, max(5, ns.steps // 2), ns.baseline, ns.jobs)
+    if ns.only in (None, "training", "floor", "fullrun"):
         rows += bench_convolution_floor(max(3, ns.steps // 2))
+    if ns.only in (None, "jobs"):
+        from domaingen.bench_baseline import main_rows
+
+        rows += main_rows("jobs", data_dir, ns.steps, ns.baseline, ns.jobs)
     if ns.only in (None, "overhead"):
         for algorithm in ns.overhead:
             rows += bench_overhead(algorithm, ns.base, ns.steps, ns.overhead_settings)

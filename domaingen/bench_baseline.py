@@ -1,0 +1,272 @@
+"""`make bench` sections that compare this tree with a baseline commit measured in the same run.
+
+`--only fullrun` estimates the published protocol's ColoredMNIST ERM run (MNIST_CNN,
+5001 steps, 51 checkpoints) from a few measured steps and one evaluation of each kind
+a run makes, per precision, for this tree at its default eval splits and for the
+baseline at its own; `--only jobs` times a sweep of short MLP jobs with `--launcher
+local` under both. The baseline is exported with `git archive` into a temporary
+directory and imported from there in child processes, alternating with this tree's,
+so that a change in the load of a shared machine touches both alike.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+PROTOCOL_STEPS, PROTOCOL_FREQ = 5001, 100
+MARKER = "domaingen/eval_plan.py"  # the module issue 17 added: the baseline is the commit before it
+
+# Runs in a child process against whichever `domaingen` PYTHONPATH holds: only names the
+# baseline has too. Prints one JSON line: step time, evaluation times, the tree's defaults.
+PROBE = r"""
+import json, statistics, sys, time
+import torch
+from domaingen.algorithms import ALGORITHMS
+from domaingen.datasets import DATASETS, split_environments
+from domaingen.evaluation import autocast_context, evaluate
+from domaingen.hparams import draw_hparams
+from domaingen.networks import place_model, resolve_device
+from domaingen.training import MinibatchSampler, TrainConfig
+try:
+    from domaingen.eval_plan import DEFAULT_EVAL_SPLITS, planned_splits
+except ImportError:  # a tree from before --eval_splits evaluates every split
+    DEFAULT_EVAL_SPLITS, planned_splits = "all", None
+cfg = json.loads(sys.argv[1])
+precision, steps, threads = cfg["precision"], cfg["steps"], cfg["threads"]
+if threads:
+    torch.set_num_threads(threads)
+device = resolve_device("auto")
+dataset = DATASETS.get("ColoredMNIST")(cfg["data_dir"], [2], {})
+splits = split_environments(dataset, 0.2, 0)
+space = {**DATASETS.get("ColoredMNIST").hparam_space(), **ALGORITHMS.get("ERM").hparam_space()}
+hparams = draw_hparams(space, "ColoredMNIST", 0)
+torch.manual_seed(0)
+model = place_model(ALGORITHMS.get("ERM")(dataset.input_shape, dataset.num_classes, 2, hparams), device,
+                    dataset.input_shape)
+sampler = MinibatchSampler([s for s, _ in splits[:2]], hparams["batch_size"], 0, device)
+times = []
+for i in range(steps + 3):
+    start = time.perf_counter()
+    with autocast_context(device, precision):
+        model.update(sampler.next())
+    if i >= 3:
+        times.append(time.perf_counter() - start)
+import domaingen
+out = {"file": domaingen.__file__, "step": statistics.median(times), "default_precision": TrainConfig.__dataclass_fields__["precision"].default,
+       "default_eval_splits": DEFAULT_EVAL_SPLITS, "threads": torch.get_num_threads()}
+start = time.perf_counter()
+evaluate(model, splits, device, precision)
+out["full_eval"] = time.perf_counter() - start
+if planned_splits is not None:
+    only = planned_splits(PROTOCOL_FREQ, PROTOCOL_STEPS, PROTOCOL_FREQ, 3, [2], DEFAULT_EVAL_SPLITS)
+    start = time.perf_counter()
+    evaluate(model, splits, device, precision, only=only)
+    out["partial_eval"] = time.perf_counter() - start
+print(json.dumps(out))
+""".replace("PROTOCOL_FREQ", str(PROTOCOL_FREQ)).replace("PROTOCOL_STEPS", str(PROTOCOL_STEPS))
+
+
+def git(repo: Path, *args: str) -> str:
+    """Output of a git command in `repo`, stripped."""
+    return subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True, text=True).stdout.strip()
+
+
+def baseline_commit(repo: Path, rev: str = "main") -> str:
+    """`rev`, or where `rev` already holds issue 17's change, the commit before the one that added it."""
+    added = git(repo, "log", "--diff-filter=A", "--format=%H", "-1", rev, "--", MARKER)
+    return git(repo, "rev-parse", f"{added}^" if added else rev)
+
+
+def export_tree(repo: Path, commit: str, into: Path) -> Path:
+    """The `domaingen` package of `commit`, unpacked under `into` (git archive); returns `into`."""
+    archive = subprocess.run(["git", "-C", str(repo), "archive", "--format=tar", commit, "domaingen"],
+                             check=True, capture_output=True).stdout
+    with tarfile.open(fileobj=__import__("io").BytesIO(archive)) as tar:
+        tar.extractall(into, filter="data")
+    return into
+
+
+def _env(tree: Path) -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(tree) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    return env
+
+
+def probe(tree: Path, data_dir: str, precision: str, steps: int, threads: int | None) -> dict[str, Any]:
+    """PROBE's measurements of the `domaingen` under `tree`."""
+    config = json.dumps({"data_dir": data_dir, "precision": precision, "steps": steps, "threads": threads})
+    done = subprocess.run([sys.executable, "-c", PROBE, config], env=_env(tree), cwd=tree, check=True,
+                          capture_output=True, text=True)
+    measured = json.loads(done.stdout.strip().splitlines()[-1])
+    if not Path(measured["file"]).resolve().is_relative_to(tree.resolve()):
+        raise RuntimeError(f"the probe imported {measured['file']}, not the tree under {tree}")
+    return measured
+
+
+@dataclass
+class RunEstimate:
+    """A 5001-step run's time from one tree's measurements."""
+
+    step: float
+    eval_time: float  # all 51 evaluations
+    full_evals: int
+    partial_evals: int
+
+    @property
+    def total(self) -> float:
+        return PROTOCOL_STEPS * self.step + self.eval_time
+
+
+def estimate(measured: dict[str, Any]) -> RunEstimate:
+    """Steps x step time + the evaluations of a run at the tree's default eval splits."""
+    n_checkpoints = len(range(0, PROTOCOL_STEPS, PROTOCOL_FREQ)) + ((PROTOCOL_STEPS - 1) % PROTOCOL_FREQ != 0)
+    if measured.get("default_eval_splits") == "selection" and "partial_eval" in measured:
+        partial, full = n_checkpoints - 1, 1
+        evals = partial * measured["partial_eval"] + measured["full_eval"]
+    else:
+        partial, full = 0, n_checkpoints
+        evals = n_checkpoints * measured["full_eval"]
+    return RunEstimate(measured["step"], evals, full, partial)
+
+
+def _minutes(seconds: float) -> str:
+    return f"{seconds / 60:.1f} min"
+
+
+def fullrun_rows(repo: Path, data_dir: str, steps: int, baseline: str = "main", threads: int | None = None,
+                 here: Path | None = None) -> list[list]:
+    """Per precision: the estimated published-protocol run of this tree beside the baseline's, and their ratio;
+    then the same at each tree's defaults."""
+    commit = baseline_commit(repo, baseline)
+    here = here or Path(__file__).resolve().parents[1]
+    rows: list[list] = []
+    measured: dict[tuple[str, str], dict[str, Any]] = {}
+    with tempfile.TemporaryDirectory(prefix="domaingen-baseline-") as tmp:
+        old_tree = export_tree(repo, commit, Path(tmp))
+        for precision in ("fp32", "bf16"):  # old and new alternate, one child process each
+            measured[("baseline", precision)] = probe(old_tree, data_dir, precision, steps, threads)
+            measured[("this tree", precision)] = probe(here, data_dir, precision, steps, threads)
+    for precision in ("fp32", "bf16"):
+        new, old = estimate(measured[("this tree", precision)]), estimate(measured[("baseline", precision)])
+        m_new, m_old = measured[("this tree", precision)], measured[("baseline", precision)]
+        rows.append([f"full run estimate, {precision}: this tree ({m_new['default_eval_splits']} eval splits) / "
+                     f"baseline {commit[:7]} ({m_old['default_eval_splits']})",
+                     f"{_minutes(new.total)} / {_minutes(old.total)} = {new.total / old.total:.0%}"])
+        rows.append([f"  {precision}: step, this tree / baseline",
+                     f"{m_new['step'] * 1000:.0f} ms / {m_old['step'] * 1000:.0f} ms"])
+        evals_new = (f"{new.partial_evals} x {m_new['partial_eval']:.1f} s + " if new.partial_evals else "") + \
+            f"{new.full_evals} x {m_new['full_eval']:.1f} s"
+        rows.append([f"  {precision}: evaluations, this tree / baseline",
+                     f"{evals_new} / {old.full_evals} x {m_old['full_eval']:.1f} s; evaluation "
+                     f"{new.eval_time / new.total:.0%} / {old.eval_time / old.total:.0%} of the run"])
+    new_default = measured[("this tree", measured[("this tree", "fp32")]["default_precision"])]
+    old_default = measured[("baseline", measured[("baseline", "fp32")]["default_precision"])]
+    t_new, t_old = estimate(new_default).total, estimate(old_default).total
+    rows.append([f"full run at the defaults: this tree ({new_default['default_precision']}, "
+                 f"{new_default['default_eval_splits']}) / baseline ({old_default['default_precision']}, "
+                 f"{old_default['default_eval_splits']})",
+                 f"{_minutes(t_new)} / {_minutes(t_old)} = {t_new / t_old:.0%}"])
+    bf16_new = estimate(measured[("this tree", "bf16")]).total
+    rows.append(["full run, this tree in bf16 / baseline at its defaults", f"{bf16_new / t_old:.0%}"])
+    return rows
+
+
+JOBS_SPEC = """
+algorithms = ["ERM"]
+datasets = ["ColoredMNIST"]
+test_envs = [[0], [1], [2]]
+n_hparams = {n_hparams}
+n_trials = 1
+steps = {steps}
+
+[hparams]
+featurizer = "MLP"
+"""
+
+
+def sweep_seconds(tree: Path, spec: Path, out: Path, data_dir: str) -> float:
+    """Wall time of `domaingen sweep launch --launcher local` with the `domaingen` under `tree` (imports included)."""
+    argv = [sys.executable, "-m", "domaingen", "-q", "sweep", "launch", "--spec", str(spec), "--output_dir", str(out),
+            "--launcher", "local", "--yes", "--no_progress", "--data_dir", data_dir]
+    start = time.perf_counter()
+    subprocess.run(argv, env=_env(tree), cwd=tree, check=True, capture_output=True)
+    return time.perf_counter() - start
+
+
+def jobs_rows(repo: Path, data_dir: str, n_jobs: int = 24, steps: int = 41, baseline: str = "main",
+              here: Path | None = None) -> list[list]:
+    """Jobs per hour of a sweep of `n_jobs` ColoredMNIST MLP jobs (ERM, `steps` steps, --launcher local),
+    this tree against the baseline, one after the other in one run."""
+    commit = baseline_commit(repo, baseline)
+    here = here or Path(__file__).resolve().parents[1]
+    n_hparams = max(1, n_jobs // 3)
+    with tempfile.TemporaryDirectory(prefix="domaingen-jobs-") as tmp:
+        spec = Path(tmp) / "jobs.toml"
+        spec.write_text(JOBS_SPEC.format(n_hparams=n_hparams, steps=steps))
+        old_tree = export_tree(repo, commit, Path(tmp) / "baseline")
+        old = sweep_seconds(old_tree, spec, Path(tmp) / "old", data_dir)
+        new = sweep_seconds(here, spec, Path(tmp) / "new", data_dir)
+    n = 3 * n_hparams
+    return [[f"{n} ColoredMNIST MLP jobs of {steps} steps, --launcher local: this tree / baseline {commit[:7]}",
+             f"{new:.0f} s / {old:.0f} s = {new / old:.0%}"],
+            ["  jobs per hour, this tree / baseline", f"{n * 3600 / new:.0f} / {n * 3600 / old:.0f}"]]
+
+
+def load_line() -> str:
+    """The load averages (1, 5, 15 minutes), to print beside timings taken on a shared machine."""
+    try:
+        one, five, fifteen = os.getloadavg()
+    except OSError:
+        return "unknown"
+    return f"{one:.2f}, {five:.2f}, {fifteen:.2f}"
+
+
+def cpu_name() -> str:
+    """The CPU's model name from /proc/cpuinfo (or platform.processor())."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    import platform
+
+    return platform.processor() or "unknown CPU"
+
+
+def header_rows() -> list[list]:
+    """CPU, its bf16 support, cores and load: printed first by the comparing sections."""
+    from domaingen.precision import NATIVE_BF16_CPU_FLAGS, read_cpu_flags
+
+    native = sorted(NATIVE_BF16_CPU_FLAGS & read_cpu_flags())
+    return [["CPU", f"{cpu_name()}, {os.cpu_count()} logical CPUs, native bf16: {', '.join(native) or 'no'}"],
+            ["load averages at the start (1, 5, 15 min)", load_line()]]
+
+
+def repo_root(start: Path | None = None) -> Path:
+    """The git work tree this package lives in."""
+    return Path(git(start or Path(__file__).resolve().parent, "rev-parse", "--show-toplevel"))
+
+
+def main_rows(section: str, data_dir: str, steps: int, baseline: str, n_jobs: int) -> list[list]:
+    """The rows of `--only fullrun` or `--only jobs`."""
+    repo = repo_root()
+    rows = header_rows()
+    if section == "fullrun":
+        rows += fullrun_rows(repo, data_dir, steps, baseline)
+    else:
+        rows += jobs_rows(repo, data_dir, n_jobs, baseline=baseline)
+    rows.append(["load averages at the end (1, 5, 15 min)", load_line()])
+    return rows
+
+
+__all__: Sequence[str] = ("baseline_commit", "estimate", "fullrun_rows", "jobs_rows", "main_rows", "probe")
