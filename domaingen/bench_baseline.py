@@ -36,9 +36,12 @@ from domaingen.evaluation import autocast_context, evaluate
 from domaingen.hparams import draw_hparams
 from domaingen.networks import place_model, resolve_device
 from domaingen.training import MinibatchSampler, TrainConfig
-try:
+import os
+import domaingen
+# the editable install's finder would serve this module from the current tree: look in the probed one
+if os.path.exists(os.path.join(os.path.dirname(domaingen.__file__), "eval_plan.py")):
     from domaingen.eval_plan import DEFAULT_EVAL_SPLITS, planned_splits
-except ImportError:  # a tree from before --eval_splits evaluates every split
+else:  # a tree from before --eval_splits evaluates every split
     DEFAULT_EVAL_SPLITS, planned_splits = "all", None
 cfg = json.loads(sys.argv[1])
 precision, steps, threads = cfg["precision"], cfg["steps"], cfg["threads"]
@@ -60,7 +63,6 @@ for i in range(steps + 3):
         model.update(sampler.next())
     if i >= 3:
         times.append(time.perf_counter() - start)
-import domaingen
 out = {"file": domaingen.__file__, "step": statistics.median(times), "default_precision": TrainConfig.__dataclass_fields__["precision"].default,
        "default_eval_splits": DEFAULT_EVAL_SPLITS, "threads": torch.get_num_threads()}
 start = time.perf_counter()
