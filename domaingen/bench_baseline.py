@@ -56,23 +56,26 @@ torch.manual_seed(0)
 model = place_model(ALGORITHMS.get("ERM")(dataset.input_shape, dataset.num_classes, 2, hparams), device,
                     dataset.input_shape)
 sampler = MinibatchSampler([s for s, _ in splits[:2]], hparams["batch_size"], 0, device)
-times = []
+# wall time, and the process's CPU time, which a shared machine's other processes disturb far less
+times, cpu_times = [], []
 for i in range(steps + 3):
-    start = time.perf_counter()
+    start, cpu_start = time.perf_counter(), time.process_time()
     with autocast_context(device, precision):
         model.update(sampler.next())
     if i >= 3:
         times.append(time.perf_counter() - start)
-out = {"file": domaingen.__file__, "step": statistics.median(times), "default_precision": TrainConfig.__dataclass_fields__["precision"].default,
+        cpu_times.append(time.process_time() - cpu_start)
+out = {"file": domaingen.__file__, "step": statistics.median(times), "cpu_step": statistics.median(cpu_times),
+       "default_precision": TrainConfig.__dataclass_fields__["precision"].default,
        "default_eval_splits": DEFAULT_EVAL_SPLITS, "threads": torch.get_num_threads()}
-start = time.perf_counter()
+start, cpu_start = time.perf_counter(), time.process_time()
 evaluate(model, splits, device, precision)
-out["full_eval"] = time.perf_counter() - start
+out["full_eval"], out["cpu_full_eval"] = time.perf_counter() - start, time.process_time() - cpu_start
 if planned_splits is not None:
     only = planned_splits(PROTOCOL_FREQ, PROTOCOL_STEPS, PROTOCOL_FREQ, 3, [2], DEFAULT_EVAL_SPLITS)
-    start = time.perf_counter()
+    start, cpu_start = time.perf_counter(), time.process_time()
     evaluate(model, splits, device, precision, only=only)
-    out["partial_eval"] = time.perf_counter() - start
+    out["partial_eval"], out["cpu_partial_eval"] = time.perf_counter() - start, time.process_time() - cpu_start
 print(json.dumps(out))
 """.replace("PROTOCOL_FREQ", str(PROTOCOL_FREQ)).replace("PROTOCOL_STEPS", str(PROTOCOL_STEPS))
 
@@ -128,16 +131,19 @@ class RunEstimate:
         return PROTOCOL_STEPS * self.step + self.eval_time
 
 
-def estimate(measured: dict[str, Any]) -> RunEstimate:
-    """Steps x step time + the evaluations of a run at the tree's default eval splits."""
+def estimate(measured: dict[str, Any], clock: str = "") -> RunEstimate:
+    """Steps x step time + the evaluations of a run at the tree's default eval splits.
+
+    `clock` "" reads the wall times, "cpu_" the process CPU times.
+    """
     n_checkpoints = len(range(0, PROTOCOL_STEPS, PROTOCOL_FREQ)) + ((PROTOCOL_STEPS - 1) % PROTOCOL_FREQ != 0)
-    if measured.get("default_eval_splits") == "selection" and "partial_eval" in measured:
+    if measured.get("default_eval_splits") == "selection" and f"{clock}partial_eval" in measured:
         partial, full = n_checkpoints - 1, 1
-        evals = partial * measured["partial_eval"] + measured["full_eval"]
+        evals = partial * measured[f"{clock}partial_eval"] + measured[f"{clock}full_eval"]
     else:
         partial, full = 0, n_checkpoints
-        evals = n_checkpoints * measured["full_eval"]
-    return RunEstimate(measured["step"], evals, full, partial)
+        evals = n_checkpoints * measured[f"{clock}full_eval"]
+    return RunEstimate(measured[f"{clock}step"], evals, full, partial)
 
 
 def _minutes(seconds: float) -> str:
@@ -160,25 +166,33 @@ def fullrun_rows(repo: Path, data_dir: str, steps: int, baseline: str = "main", 
     for precision in ("fp32", "bf16"):
         new, old = estimate(measured[("this tree", precision)]), estimate(measured[("baseline", precision)])
         m_new, m_old = measured[("this tree", precision)], measured[("baseline", precision)]
+        cpu_new, cpu_old = estimate(m_new, "cpu_"), estimate(m_old, "cpu_")
         rows.append([f"full run estimate, {precision}: this tree ({m_new['default_eval_splits']} eval splits) / "
                      f"baseline {commit[:7]} ({m_old['default_eval_splits']})",
-                     f"{_minutes(new.total)} / {_minutes(old.total)} = {new.total / old.total:.0%}"])
+                     f"{_minutes(new.total)} / {_minutes(old.total)} = {new.total / old.total:.0%} "
+                     f"(CPU time: {cpu_new.total / cpu_old.total:.0%})"])
         rows.append([f"  {precision}: step, this tree / baseline",
-                     f"{m_new['step'] * 1000:.0f} ms / {m_old['step'] * 1000:.0f} ms"])
+                     f"{m_new['step'] * 1000:.0f} ms / {m_old['step'] * 1000:.0f} ms "
+                     f"(CPU time {m_new['cpu_step'] * 1000:.0f} / {m_old['cpu_step'] * 1000:.0f} ms)"])
         evals_new = (f"{new.partial_evals} x {m_new['partial_eval']:.1f} s + " if new.partial_evals else "") + \
             f"{new.full_evals} x {m_new['full_eval']:.1f} s"
         rows.append([f"  {precision}: evaluations, this tree / baseline",
                      f"{evals_new} / {old.full_evals} x {m_old['full_eval']:.1f} s; evaluation "
-                     f"{new.eval_time / new.total:.0%} / {old.eval_time / old.total:.0%} of the run"])
+                     f"{new.eval_time / new.total:.0%} / {old.eval_time / old.total:.0%} of the run; CPU time of a full "
+                     f"one {m_new['cpu_full_eval']:.1f} / {m_old['cpu_full_eval']:.1f} s, a partial one "
+                     f"{m_new.get('cpu_partial_eval', float('nan')):.1f} s"])
     new_default = measured[("this tree", measured[("this tree", "fp32")]["default_precision"])]
     old_default = measured[("baseline", measured[("baseline", "fp32")]["default_precision"])]
     t_new, t_old = estimate(new_default).total, estimate(old_default).total
+    c_new, c_old = estimate(new_default, "cpu_").total, estimate(old_default, "cpu_").total
     rows.append([f"full run at the defaults: this tree ({new_default['default_precision']}, "
                  f"{new_default['default_eval_splits']}) / baseline ({old_default['default_precision']}, "
                  f"{old_default['default_eval_splits']})",
-                 f"{_minutes(t_new)} / {_minutes(t_old)} = {t_new / t_old:.0%}"])
+                 f"{_minutes(t_new)} / {_minutes(t_old)} = {t_new / t_old:.0%} (CPU time: {c_new / c_old:.0%})"])
     bf16_new = estimate(measured[("this tree", "bf16")]).total
-    rows.append(["full run, this tree in bf16 / baseline at its defaults", f"{bf16_new / t_old:.0%}"])
+    bf16_cpu = estimate(measured[("this tree", "bf16")], "cpu_").total
+    rows.append(["full run, this tree in bf16 / baseline at its defaults",
+                 f"{bf16_new / t_old:.0%} (CPU time: {bf16_cpu / c_old:.0%})"])
     return rows
 
 
@@ -195,13 +209,21 @@ featurizer = "MLP"
 """
 
 
-def sweep_seconds(tree: Path, spec: Path, out: Path, data_dir: str) -> float:
-    """Wall time of `domaingen sweep launch --launcher local` with the `domaingen` under `tree` (imports included)."""
+def _children_cpu() -> float:
+    import resource
+
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def sweep_seconds(tree: Path, spec: Path, out: Path, data_dir: str) -> tuple[float, float]:
+    """Wall and CPU time of `domaingen sweep launch --launcher local` with the `domaingen` under `tree`
+    (imports included)."""
     argv = [sys.executable, "-m", "domaingen", "-q", "sweep", "launch", "--spec", str(spec), "--output_dir", str(out),
             "--launcher", "local", "--yes", "--no_progress", "--data_dir", data_dir]
-    start = time.perf_counter()
+    start, cpu_start = time.perf_counter(), _children_cpu()
     subprocess.run(argv, env=_env(tree), cwd=tree, check=True, capture_output=True)
-    return time.perf_counter() - start
+    return time.perf_counter() - start, _children_cpu() - cpu_start
 
 
 def jobs_rows(repo: Path, data_dir: str, n_jobs: int = 24, steps: int = 41, baseline: str = "main",
@@ -215,11 +237,12 @@ def jobs_rows(repo: Path, data_dir: str, n_jobs: int = 24, steps: int = 41, base
         spec = Path(tmp) / "jobs.toml"
         spec.write_text(JOBS_SPEC.format(n_hparams=n_hparams, steps=steps))
         old_tree = export_tree(repo, commit, Path(tmp) / "baseline")
-        old = sweep_seconds(old_tree, spec, Path(tmp) / "old", data_dir)
-        new = sweep_seconds(here, spec, Path(tmp) / "new", data_dir)
+        old, cpu_old = sweep_seconds(old_tree, spec, Path(tmp) / "old", data_dir)
+        new, cpu_new = sweep_seconds(here, spec, Path(tmp) / "new", data_dir)
     n = 3 * n_hparams
     return [[f"{n} ColoredMNIST MLP jobs of {steps} steps, --launcher local: this tree / baseline {commit[:7]}",
-             f"{new:.0f} s / {old:.0f} s = {new / old:.0%}"],
+             f"{new:.0f} s / {old:.0f} s = {new / old:.0%} (CPU time {cpu_new:.0f} / {cpu_old:.0f} s = "
+             f"{cpu_new / cpu_old:.0%})"],
             ["  jobs per hour, this tree / baseline", f"{n * 3600 / new:.0f} / {n * 3600 / old:.0f}"]]
 
 

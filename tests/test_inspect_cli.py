@@ -30,7 +30,9 @@ def make_run(tmp_path_factory, capsys_free_main, algorithm: str) -> Path:
     hparams = {**FAST_HPARAMS, "lr": 3e-3}
     code = capsys_free_main(["-q", "train", "--dataset", "ColoredMNIST", "--algorithm", algorithm, "--test_envs", "2",
                              "--data_dir", "embedded", "--steps", "7", "--checkpoint_freq", "2",
-                             "--hparams", json.dumps(hparams), "--output_dir", str(out)])
+                             "--hparams", json.dumps(hparams), "--output_dir", str(out),
+                             # every split at every checkpoint: `evaluate` is compared with all of them
+                             "--eval_splits", "all"])
     assert code == 0
     return out
 
