@@ -118,13 +118,18 @@ def _cached_job(job_id: str, config_kwargs: Mapping[str, Any], threads: int | No
     return run_job(job_id, config_kwargs, threads, worker_cache())
 
 
-def _quiet_worker(threads: int, cache_mb: float | None = None) -> None:
+def _quiet_worker(threads: int) -> None:
     # workers log only to each run's log.txt; the launcher's progress bar is the console
     logging.getLogger().addHandler(logging.NullHandler())
     logging.getLogger("domaingen").propagate = False
     import torch
 
     torch.set_num_threads(threads)
+
+
+def _start_worker(threads: int, cache_mb: float | None = None) -> None:
+    """A parallel worker's initializer: quiet logging, its threads, and its dataset cache's bound."""
+    _quiet_worker(threads)
     worker_cache(cache_mb)
 
 
@@ -224,7 +229,7 @@ def _launch_parallel(jobs, sweep_dir, data_dir, options) -> list[JobResult]:
     # spawn, not fork: a forked worker of a process that touched CUDA or OpenMP can hang
     context = multiprocessing.get_context("spawn")
     results = []
-    with ProcessPoolExecutor(workers, mp_context=context, initializer=_quiet_worker,
+    with ProcessPoolExecutor(workers, mp_context=context, initializer=_start_worker,
                              initargs=(threads, options.dataset_cache_mb)) as pool:
         futures = [pool.submit(_cached_job, job.job_id, _job_kwargs(job, sweep_dir, data_dir), threads) for job in jobs]
         with _progress(len(jobs), options) as bar:
@@ -237,7 +242,8 @@ def _launch_parallel(jobs, sweep_dir, data_dir, options) -> list[JobResult]:
 def _pin_worker(slots: Any, threads: int, cache_mb: float | None = None) -> None:
     # runs before the worker touches CUDA, so the variable decides the one GPU it sees
     os.environ[CUDA_VISIBLE_DEVICES] = slots.get()
-    _quiet_worker(threads, cache_mb)
+    _quiet_worker(threads)
+    worker_cache(cache_mb)
 
 
 def _run_pinned(job_id: str, config_kwargs: Mapping[str, Any], threads: int | None) -> JobResult:
