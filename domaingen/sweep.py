@@ -25,6 +25,7 @@ else:  # pragma: no cover
 from domaingen.algorithms import ALGORITHMS
 from domaingen.datasets import DATASETS
 from domaingen.errors import DomaingenError
+from domaingen.plugins import load_plugins, merge_specs
 from domaingen.runlock import is_locked
 from domaingen.rundir import DONE_STATE, FAILED_STATE, INCOMPLETE, NOT_LAUNCHED, RunDirectory, atomic_write_bytes
 from domaingen.precision import REQUESTED_PRECISIONS
@@ -56,6 +57,8 @@ class SweepSpec:
     algorithm_hparams: dict[str, dict[str, Any]] = field(default_factory=dict)  # per algorithm
     # [[parts]]: sub-sweeps, each the top-level keys overridden by its own; their jobs run in order
     parts: list[dict[str, Any]] = field(default_factory=list)
+    # plugin modules the jobs load (domaingen.plugins); not part of the sweep's identity
+    plugins: list[str] = field(default_factory=list)
 
     def sub_specs(self) -> list["SweepSpec"]:
         """The parts as complete specs (a spec without parts is its own single part)."""
@@ -82,6 +85,9 @@ def parse_spec(data: Mapping[str, Any], source: str = "spec") -> SweepSpec:
     unknown = sorted(set(data) - SPEC_KEYS)
     if unknown:
         raise SpecError(f"{source}: unknown key(s) {', '.join(unknown)}; valid keys: {', '.join(sorted(SPEC_KEYS))}")
+    if data.get("plugins") is not None:
+        _expect("plugins", data["plugins"], list, "a list of plugin modules or .py paths")
+        load_plugins(data["plugins"])  # before the names below are checked: plugins register them
     if data.get("parts"):
         return _parse_parts(data, source)
     for key in ("algorithms", "datasets"):
@@ -233,6 +239,7 @@ def build_jobs(spec: SweepSpec) -> list[Job]:
                     "checkpoint_freq": freq,
                     "holdout_fraction": spec.holdout_fraction,
                     "precision": spec.precision,
+                    "plugins": list(spec.plugins),
                 }
                 jobs.append(Job(job_id(args), args))
     if not jobs:
@@ -255,13 +262,17 @@ def prepare_sweep_dir(sweep_dir: str | os.PathLike, spec: SweepSpec, force: bool
     if not os.access(path, os.W_OK):
         raise DomaingenError(f"output_dir {path} is not writable; choose another --output_dir")
     recorded = read_recorded_spec(path)
-    if recorded is not None and recorded != spec.canonical() and not force:
-        changed = sorted(k for k in set(recorded) | set(spec.canonical()) if recorded.get(k) != spec.canonical().get(k))
+    wanted = spec.canonical()
+    # the plugins loaded may differ between launches (an entry point installed since); they accumulate
+    changed = sorted(k for k in set(recorded or {}) | set(wanted) if k != "plugins" and (recorded or {}).get(k) != wanted.get(k))
+    if recorded is not None and changed and not force:
         raise DomaingenError(
             f"{path} holds a sweep with a different spec (differs in: {', '.join(changed)}); "
             "use another --output_dir, or --force to launch this spec into it"
         )
-    atomic_write_bytes(path / SPEC_FILE, (json.dumps(spec.canonical(), indent=2, sort_keys=True) + "\n").encode())
+    if recorded is not None and not force:
+        wanted["plugins"] = merge_specs(recorded.get("plugins"), wanted.get("plugins"))
+    atomic_write_bytes(path / SPEC_FILE, (json.dumps(wanted, indent=2, sort_keys=True) + "\n").encode())
 
 
 def read_recorded_spec(sweep_dir: str | os.PathLike) -> dict[str, Any] | None:
@@ -309,4 +320,6 @@ def train_command(job: Job, sweep_dir: str | os.PathLike, data_dir: str | None) 
         parts += ["--hparams", json.dumps(a["hparams"], sort_keys=True)]
     if data_dir:
         parts += ["--data_dir", data_dir]
+    if a.get("plugins"):
+        parts += ["--plugins", ",".join(a["plugins"])]
     return shlex.join(parts)
