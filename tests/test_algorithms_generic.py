@@ -12,12 +12,16 @@ import pytest
 from domaingen.algorithms import ALGORITHMS
 from domaingen import plugins
 from domaingen.plugins import load_plugin
-from domaingen.testing import (
+from domaingen.testing import (  # noqa: F401  (build, default_hparams, separable_batches: other tests import them here)
     INPUT_SHAPES,
+    NUM_DOMAINS,
+    build,
     check_builds_updates_and_predicts,
     check_checkpoint_round_trip,
     check_equal_seeds,
     check_loss_falls,
+    default_hparams,
+    separable_batches,
 )
 
 EXAMPLE_PLUGIN_SRC = Path(__file__).parent / "example_plugin" / "src"

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import logging
 import math
 import sys
 import textwrap
@@ -285,5 +287,36 @@ def test_a_job_whose_plugin_cannot_be_imported_fails_and_the_sweep_goes_on(make_
     assert results[bad.job_id].state == "failed" and results[bad.job_id].message == message
     assert (tmp_path / "sweep" / bad.job_id / "failed").read_text().strip() == message
     assert results[good.job_id].state == "done"
-    direct = run_job(bad.job_id, {**bad.config(tmp_path / "again", "embedded").__dict__})
+    direct = run_job(bad.job_id, dataclasses.asdict(bad.config(tmp_path / "again", "embedded")))
     assert direct.state == "failed" and direct.message == message
+
+
+def test_a_broken_entry_point_names_its_package(tmp_path, monkeypatch, capsys):
+    info = tmp_path / "site" / "domaingen_broken-1.0.dist-info"
+    info.mkdir(parents=True)
+    info.joinpath("METADATA").write_text("Metadata-Version: 2.1\nName: domaingen-broken\nVersion: 1.0\n")
+    info.joinpath("entry_points.txt").write_text("[domaingen.plugins]\nbroken = no_such_plugin_mod\n")
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))
+    monkeypatch.chdir(tmp_path)
+    code, out, err = run_cli(capsys, "list")
+    assert_one_line_exit_2(code, out, err, "entry point 'broken' of domaingen-broken: plugin no_such_plugin_mod: "
+                                           "no module named 'no_such_plugin_mod'")
+
+
+@pytest.mark.parametrize("entry", ["slurm", "ray"])
+def test_slurm_and_ray_job_bodies_load_the_jobs_plugins(make_plugin, tmp_path, monkeypatch, entry):
+    """What a Slurm job (submitit's pickled callable) and a Ray task run in their own processes."""
+    from domaingen.launchers import _RequeueableJob
+    from domaingen.ray_launcher import ray_job
+
+    body = _RequeueableJob() if entry == "slurm" else ray_job
+    monkeypatch.setattr(logging.getLogger("domaingen"), "propagate", True)  # ray_job turns it off: restored after
+    algorithm_plugin(make_plugin, f"{entry}_algs", "RemoteAlg")
+    kwargs = dict(dataset="ColoredMNIST", algorithm="RemoteAlg", test_envs=[2], data_dir="embedded",
+                  hparams=FAST_HPARAMS, steps=2, checkpoint_freq=1, plugins=[str(tmp_path / f"{entry}_algs.py")])
+    ok = body("ok", {**kwargs, "output_dir": str(tmp_path / "ok")}, 1)
+    assert ok.state == "done" and "RemoteAlg" in ALGORITHMS
+    bad = body("bad", {**kwargs, "output_dir": str(tmp_path / "bad"), "plugins": [str(tmp_path / "gone.py")]}, 1)
+    message = f"plugin {tmp_path / 'gone.py'}: no such file ({tmp_path / 'gone.py'} does not exist)"
+    assert bad.state == "failed" and bad.message == message
+    assert RunDirectory(tmp_path / "bad").failure_reason() == message
