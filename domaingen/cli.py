@@ -53,6 +53,10 @@ def _add_eval_flags(p: argparse.ArgumentParser) -> None:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="domaingen", description="Domain-generalization benchmark suite")
     parser.add_argument("-q", "--quiet", action="store_true", help="only warnings and errors")
+    parser.add_argument("--plugins", metavar="MODULE[,MODULE...]", action="append", default=[],
+                        help="modules that register algorithms, datasets or featurizers, loaded before anything "
+                             "else (module names or .py paths; also $DOMAINGEN_PLUGINS and installed packages' "
+                             "'domaingen.plugins' entry points); may stand anywhere on the command line")
     sub = parser.add_subparsers(dest="command", required=True)
     _add_train_parser(sub)
     sub.add_parser("list", help="the algorithm and dataset tables")
@@ -171,8 +175,10 @@ def _add_collect_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_train(ns: argparse.Namespace) -> int:
+    from domaingen.plugins import load_plugins, recorded_plugins
     from domaingen.training import TrainConfig, train
 
+    load_plugins(recorded_plugins(ns.output_dir))  # resuming a run: the plugins it was started with
     config = TrainConfig(
         dataset=ns.dataset,
         algorithm=ns.algorithm,
@@ -191,6 +197,7 @@ def cmd_train(ns: argparse.Namespace) -> int:
         compile_eval=ns.compile_eval,
         eval_splits=ns.eval_splits,
         train_in_every=ns.train_in_every,
+        plugins=ns.plugins,
     )
     outcome = train(config)
     print(outcome.message)
@@ -231,7 +238,27 @@ def cmd_list(ns: argparse.Namespace) -> int:
         extra = {k: v for k, v in ALGORITHMS.get(example).hparam_space().items() if k not in base_space}
         print(f"\nCompositions: X+{modifier} for every algorithm X above, with X's hyperparameters and these\n")
         print(tabulate([[k, v.describe(), v.help] for k, v in extra.items()], headers=["hparam", "default; distribution", ""]))
+    _print_plugins()
     return 0
+
+
+def _print_plugins() -> None:
+    """The names each loaded plugin registered (nothing when no plugin is loaded)."""
+    from domaingen.algorithms import ALGORITHMS
+    from domaingen.datasets import DATASETS
+    from domaingen.networks import FEATURIZERS
+    from domaingen.plugins import loaded_plugins
+
+    plugins = loaded_plugins()
+    if not plugins:
+        return
+    rows = []
+    for table in (ALGORITHMS, DATASETS, FEATURIZERS):
+        for name, module in table.owners().items():
+            if not module.endswith("(built in)"):
+                rows.append([module, table.kind, name])
+    print(f"\nPlugins loaded: {', '.join(plugins)}\n")
+    print(tabulate(rows, headers=["module", "kind", "name"]))
 
 
 def cmd_sweep(ns: argparse.Namespace) -> int:
@@ -258,9 +285,30 @@ COMMANDS = {"train": cmd_train, "list": cmd_list, "sweep": cmd_sweep, "collect":
 COMMANDS.update(inspect_cli.COMMANDS)
 
 
+def preparse_plugins(argv: Sequence[str]) -> tuple[list[str], list[str]]:
+    """(plugin specs of every --plugins, the other arguments): --plugins may stand anywhere, and is
+    read before the subcommand's arguments, whose names (algorithms, datasets) plugins register."""
+    from domaingen.plugins import split_specs
+
+    pre = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    pre.add_argument("--plugins", action="append", default=[])
+    known, rest = pre.parse_known_args(list(argv))
+    return split_specs(known.plugins), rest
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `domaingen` console command; returns the exit status."""
+    from domaingen.plugins import load_plugins
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    specs, argv = preparse_plugins(argv) if "--plugins" in " ".join(argv) else ([], argv)
+    try:
+        load_plugins(specs)
+    except DomaingenError as exc:
+        print(f"domaingen: error: {exc}", file=sys.stderr)
+        return 2
     ns = build_parser().parse_args(argv)
+    ns.plugins = specs
     logging.basicConfig(
         level=logging.WARNING if ns.quiet else logging.INFO,
         format="%(asctime)s %(levelname)s %(message)s",

@@ -53,7 +53,29 @@ DOMAINNET_DUPLICATES = Archive(
     "https://raw.githubusercontent.com/facebookresearch/DomainBed/main/domainbed/misc/domain_net_duplicates.txt",
     "domain_net_duplicates.txt",
 )
-DATASETS = ("mnist", "pacs", "domainnet", "camelyon17", "fmow")
+# DomainBed's sources for OfficeHome, VLCS and TerraIncognita (its download.py). No checksum is
+# published for them: the archives are checked by their own CRCs (zip) and the extracted
+# folders against the layout the dataset reads (verify_layout).
+OFFICEHOME_ARCHIVE = Archive(
+    "https://drive.usercontent.google.com/download?id=1uY0pj7oFsjMxRwaD3Sxy0jgel0fsYXLC&export=download&confirm=t",
+    "office_home.zip",
+)
+VLCS_ARCHIVE = Archive(
+    "https://drive.usercontent.google.com/download?id=1skwblH1_okBwxWxmRsp9_qi15hyPpxg8&export=download&confirm=t",
+    "VLCS.tar.gz",
+)
+TERRA_IMAGES = Archive(
+    "https://lilablobssc.blob.core.windows.net/caltechcameratraps/eccv_18_all_images_sm.tar.gz",
+    "eccv_18_all_images_sm.tar.gz",
+)
+TERRA_ANNOTATIONS = Archive(
+    "https://lilablobssc.blob.core.windows.net/caltechcameratraps/labels/caltech_camera_traps.json.zip",
+    "caltech_camera_traps.json.zip",
+)
+# DomainBed's selection from Caltech Camera Traps: four locations, ten categories
+TERRA_LOCATIONS = ("100", "38", "43", "46")
+TERRA_CATEGORIES = ("bird", "bobcat", "cat", "coyote", "dog", "empty", "opossum", "rabbit", "raccoon", "squirrel")
+DATASETS = ("mnist", "pacs", "domainnet", "officehome", "vlcs", "terraincognita", "camelyon17", "fmow")
 
 
 def file_md5(path: Path) -> str:
@@ -172,6 +194,107 @@ def download_domainnet(data_dir: Path) -> str:
     return f"DomainNet is in {target}; removed {removed} duplicate files"
 
 
+def verify_layout(dataset: str, data_dir: Path) -> str:
+    """Check that the folders of `dataset` (an ImageFolderDataset) are where it reads them, without
+    reading images: every domain folder present, the same class folders in each, the published
+    number of classes. Returns a summary line; raises DomaingenError naming what is wrong."""
+    from domaingen.datasets import DATASETS as TABLE
+    from domaingen.datasets.images import list_classes
+
+    cls = TABLE.get(dataset)
+    root = data_dir / cls.DATASET_DIR
+    folders = {}
+    for env in cls.ENVIRONMENTS:
+        found = [root / f for f in cls.folder_names(env) if (root / f).is_dir()]
+        if not found:
+            raise DomaingenError(f"after extraction, {root} lacks the domain folder {cls.folder_names(env)[0]}; "
+                                 f"the archive is not the one expected: delete {root} and rerun the download")
+        folders[env] = found[0]
+    classes = {env: list_classes(path) for env, path in folders.items()}
+    first = cls.ENVIRONMENTS[0]
+    for env, names in classes.items():
+        if names != classes[first] or (cls.NUM_CLASSES and len(names) != cls.NUM_CLASSES):
+            raise DomaingenError(f"after extraction, {folders[env]} has {len(names)} class folders, not the "
+                                 f"{cls.NUM_CLASSES or len(classes[first])} expected; delete {root} and rerun the download")
+    return f"{dataset} is in {root} ({len(cls.ENVIRONMENTS)} domains, {len(classes[first])} classes)"
+
+
+def _fetch_and_unpack(archive: Archive, data_dir: Path, staging_name: str) -> Path:
+    staging = data_dir / "downloads" / staging_name
+    path = fetch(archive, data_dir / "downloads")
+    extract(path, staging)
+    path.unlink()
+    return staging
+
+
+def download_officehome(data_dir: Path) -> str:
+    target = data_dir / "office_home"
+    if target.is_dir():
+        return f"{target} already exists; nothing to do"
+    staging = _fetch_and_unpack(OFFICEHOME_ARCHIVE, data_dir, "office_home-extract")
+    inner = staging / "OfficeHomeDataset_10072016"
+    shutil.move(str(inner if inner.is_dir() else staging), str(target))
+    if (target / "Real World").is_dir() and not (target / "Real_World").exists():
+        (target / "Real World").rename(target / "Real_World")  # DomainBed's folder name, no space
+    shutil.rmtree(staging, ignore_errors=True)
+    return verify_layout("OfficeHome", data_dir)
+
+
+def download_vlcs(data_dir: Path) -> str:
+    target = data_dir / "VLCS"
+    if target.is_dir():
+        return f"{target} already exists; nothing to do"
+    staging = _fetch_and_unpack(VLCS_ARCHIVE, data_dir, "VLCS-extract")
+    inner = staging / "VLCS"
+    shutil.move(str(inner if inner.is_dir() else staging), str(target))
+    shutil.rmtree(staging, ignore_errors=True)
+    return verify_layout("VLCS", data_dir)
+
+
+def sort_terra_incognita(annotations: dict, images: Path, target: Path) -> int:
+    """Copy the camera-trap images of DomainBed's four locations and ten categories into
+    target/location_<L>/<category>/<file>, as DomainBed's download script does (an image with
+    several annotations goes into each of their categories). Returns the number of files written."""
+    categories = {c["id"]: c["name"] for c in annotations["categories"]}
+    labels: dict[str, list[str]] = {}
+    for annotation in annotations["annotations"]:
+        labels.setdefault(annotation["image_id"], []).append(categories[annotation["category_id"]])
+    written = 0
+    for image in annotations["images"]:
+        location = str(image["location"])
+        if location not in TERRA_LOCATIONS:
+            continue
+        for category in labels.get(image["id"], []):
+            if category not in TERRA_CATEGORIES:
+                continue
+            destination = target / f"location_{location}" / category / Path(image["file_name"]).name
+            destination.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(images / image["file_name"], destination)
+            written += 1
+    return written
+
+
+def download_terraincognita(data_dir: Path) -> str:
+    import json
+
+    target = data_dir / "terra_incognita"
+    if target.is_dir():
+        return f"{target} already exists; nothing to do"
+    labels = _fetch_and_unpack(TERRA_ANNOTATIONS, data_dir, "terra-annotations")
+    images = _fetch_and_unpack(TERRA_IMAGES, data_dir, "terra-images")
+    listing = sorted(labels.rglob("*.json"))
+    if not listing:
+        raise DomaingenError(f"{TERRA_ANNOTATIONS.filename} holds no .json annotation file; delete {labels} and rerun")
+    inner = images / "eccv_18_all_images_sm"
+    staging = data_dir / "downloads" / "terra-sorted"
+    shutil.rmtree(staging, ignore_errors=True)
+    sort_terra_incognita(json.loads(listing[0].read_text()), inner if inner.is_dir() else images, staging)
+    shutil.move(str(staging), str(target))
+    shutil.rmtree(images, ignore_errors=True)
+    shutil.rmtree(labels, ignore_errors=True)
+    return verify_layout("TerraIncognita", data_dir)
+
+
 def download_wilds(name: str) -> Callable[[Path], str]:
     def run(data_dir: Path) -> str:
         try:
@@ -198,6 +321,9 @@ DOWNLOADERS: dict[str, Callable[[Path], str]] = {
     "mnist": download_mnist,
     "pacs": download_pacs,
     "domainnet": download_domainnet,
+    "officehome": download_officehome,
+    "vlcs": download_vlcs,
+    "terraincognita": download_terraincognita,
     "camelyon17": download_wilds("camelyon17"),
     "fmow": download_wilds("fmow"),
 }

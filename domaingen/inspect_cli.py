@@ -173,7 +173,9 @@ COMMANDS["diagnose"] = diagnose_command
 
 def report_command(ns: argparse.Namespace) -> int:
     from domaingen.report import build_report
+    from domaingen.sweep_cli import load_recorded_plugins
 
+    load_recorded_plugins(ns.sweep_dir)
     print(build_report(ns.sweep_dir, ns.output, ns.selection).message)
     return 0
 

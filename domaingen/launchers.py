@@ -88,6 +88,9 @@ def run_job(
         torch.set_num_threads(threads)
     try:
         with run_lock(config_kwargs["output_dir"]):  # another launch may be running this job
+            failure = _load_job_plugins(config_kwargs)
+            if failure is not None:
+                return JobResult(job_id, "failed", failure)
             outcome = train(TrainConfig(**config_kwargs), dataset_cache=cache)
         return JobResult(job_id, outcome.state, outcome.message)
     except RunLockedError as exc:
@@ -116,6 +119,25 @@ def chunks(items: Sequence[Any], size: int) -> list[list[Any]]:
 def _cached_job(job_id: str, config_kwargs: Mapping[str, Any], threads: int | None) -> JobResult:
     """run_job with the worker process's dataset cache (what a parallel worker runs)."""
     return run_job(job_id, config_kwargs, threads, worker_cache())
+
+
+def _load_job_plugins(config_kwargs: Mapping[str, Any]) -> str | None:
+    """Load the job's recorded plugins in this (worker) process; on failure mark the job failed
+    and return the one-line reason, which names the plugin and its import error."""
+    from domaingen.plugins import PluginError, load_plugins
+    from domaingen.rundir import RunDirectory
+
+    try:
+        load_plugins(config_kwargs.get("plugins") or ())
+    except PluginError as exc:
+        rundir = RunDirectory(config_kwargs["output_dir"])
+        try:
+            rundir.path.mkdir(parents=True, exist_ok=True)
+            rundir.mark_failed(str(exc))
+        except OSError as os_exc:  # the reason still reaches the launcher
+            log.warning("cannot mark %s failed: %s", rundir.path, os_exc)
+        return str(exc)
+    return None
 
 
 def _quiet_worker(threads: int) -> None:

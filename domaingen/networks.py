@@ -6,12 +6,13 @@ import logging
 import math
 import os
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import torch
 from torch import nn
 
 from domaingen.errors import DomaingenError
+from domaingen.registry import Registry
 
 log = logging.getLogger(__name__)
 
@@ -227,11 +228,49 @@ class ResNet(nn.Module):
         return self
 
 
-FEATURIZERS = ("MNIST_CNN", "MLP", "IRM_MLP", "ResNet")
+Featurizer = Callable[[Sequence[int], Mapping[str, Any]], nn.Module]
+
+# name -> a builder (input_shape, hparams) -> module with an `n_outputs` attribute; a class
+# whose __init__ takes (input_shape, hparams) is a builder. Plugins register their own.
+FEATURIZERS: Registry[Featurizer] = Registry("featurizer")
+
+
+def _needs_images(name: str, input_shape: Sequence[int]) -> None:
+    if len(input_shape) != 3:
+        raise DomaingenError(f"{name} needs image inputs (C, H, W), got shape {tuple(input_shape)}")
+
+
+@FEATURIZERS.register("MNIST_CNN")
+def _mnist_cnn(input_shape: Sequence[int], hparams: Mapping[str, Any]) -> nn.Module:
+    _needs_images("MNIST_CNN", input_shape)
+    return MNIST_CNN(input_shape)
+
+
+@FEATURIZERS.register("MLP")
+def _mlp(input_shape: Sequence[int], hparams: Mapping[str, Any]) -> nn.Module:
+    width = int(hparams.get("mlp_width", 256))
+    return MLP(math.prod(input_shape), width, width, int(hparams.get("mlp_depth", 3)), float(hparams.get("mlp_dropout", 0.0)))
+
+
+@FEATURIZERS.register("IRM_MLP")
+def _irm_mlp(input_shape: Sequence[int], hparams: Mapping[str, Any]) -> nn.Module:
+    return IRMPaperMLP(math.prod(input_shape), int(hparams.get("mlp_width", 256)))
+
+
+@FEATURIZERS.register("ResNet")
+def _resnet(input_shape: Sequence[int], hparams: Mapping[str, Any]) -> nn.Module:
+    _needs_images("ResNet", input_shape)
+    return ResNet(
+        input_shape,
+        backbone=str(hparams.get("backbone") or "resnet50"),
+        pretrained=as_bool(hparams.get("pretrained", True), "pretrained"),
+        freeze_bn=as_bool(hparams.get("freeze_bn", True), "freeze_bn"),
+        dropout=float(hparams.get("resnet_dropout", 0.0)),
+    )
 
 
 def build_featurizer(input_shape: Sequence[int], hparams: Mapping[str, Any]) -> nn.Module:
-    """The featurizer named by hparams['featurizer'], or chosen for 'auto'.
+    """The featurizer named by hparams['featurizer'] (a name in FEATURIZERS), or chosen for 'auto'.
 
     'auto' picks a ResNet when hparams['backbone'] names one (resnet18, resnet50),
     else an MLP for flat inputs and MNIST_CNN for images. The result has an
@@ -243,26 +282,13 @@ def build_featurizer(input_shape: Sequence[int], hparams: Mapping[str, Any]) -> 
             name = "ResNet"
         else:
             name = "MLP" if len(input_shape) == 1 else "MNIST_CNN"
-    if name == "MLP":
-        width = int(hparams.get("mlp_width", 256))
-        return MLP(
-            math.prod(input_shape), width, width, int(hparams.get("mlp_depth", 3)), float(hparams.get("mlp_dropout", 0.0))
-        )
-    if name == "IRM_MLP":
-        return IRMPaperMLP(math.prod(input_shape), int(hparams.get("mlp_width", 256)))
-    if name in ("MNIST_CNN", "ResNet") and len(input_shape) != 3:
-        raise DomaingenError(f"{name} needs image inputs (C, H, W), got shape {tuple(input_shape)}")
-    if name == "MNIST_CNN":
-        return MNIST_CNN(input_shape)
-    if name == "ResNet":
-        return ResNet(
-            input_shape,
-            backbone=str(hparams.get("backbone") or "resnet50"),
-            pretrained=as_bool(hparams.get("pretrained", True), "pretrained"),
-            freeze_bn=as_bool(hparams.get("freeze_bn", True), "freeze_bn"),
-            dropout=float(hparams.get("resnet_dropout", 0.0)),
-        )
-    raise DomaingenError(f"unknown featurizer '{name}'; valid featurizers: auto, {', '.join(FEATURIZERS)}")
+    if name not in FEATURIZERS:
+        raise DomaingenError(f"unknown featurizer '{name}'; valid featurizers: auto, {', '.join(FEATURIZERS.names())}")
+    module = FEATURIZERS.get(name)(tuple(input_shape), hparams)
+    if not isinstance(getattr(module, "n_outputs", None), int):
+        raise DomaingenError(f"featurizer '{name}' ({FEATURIZERS.owners()[name]}) built a module without an integer "
+                             "`n_outputs` attribute (the width of its features); set one")
+    return module
 
 
 def build_classifier(n_features: int, num_classes: int, single_logit: bool = False, init: str = "default") -> nn.Linear:

@@ -17,6 +17,22 @@ class UnknownNameError(DomaingenError):
     """A name that is not in a registry."""
 
 
+class NameClashError(DomaingenError, ValueError):
+    """A name registered by two different classes (two plugins, or a plugin and a built-in)."""
+
+
+def owner(obj: object) -> str:
+    """Who defined `obj`, for messages: its module, marked (built in) for domaingen's own."""
+    module = getattr(obj, "__module__", None) or "?"
+    return f"{module} (built in)" if module == "domaingen" or module.startswith("domaingen.") else module
+
+
+def _same_definition(a: object, b: object) -> bool:
+    # the same class statement run again (a module re-executed, e.g. reloaded) is not a clash
+    return (getattr(a, "__module__", None), getattr(a, "__qualname__", None)) == (
+        getattr(b, "__module__", None), getattr(b, "__qualname__", None))
+
+
 class Registry(Generic[T]):
     """An ordered table of named classes of one kind ("algorithm", "dataset")."""
 
@@ -31,9 +47,14 @@ class Registry(Generic[T]):
 
         def decorate(cls: T) -> T:
             key = name or cls.__name__  # type: ignore[attr-defined]
-            if key in self._entries and self._entries[key] is not cls:
-                raise ValueError(f"{self.kind} '{key}' is registered twice")
+            old = self._entries.get(key)
+            if old is not None and old is not cls and not _same_definition(old, cls):
+                raise NameClashError(
+                    f"{self.kind} '{key}' is registered twice: by {owner(old)} and by {owner(cls)}; "
+                    "rename one of them"
+                )
             self._entries[key] = cls
+            self._composed = {k: v for k, v in self._composed.items() if k.rpartition("+")[0] != key}
             return cls
 
         return decorate
@@ -41,6 +62,11 @@ class Registry(Generic[T]):
     def unregister(self, name: str) -> None:
         """Remove an entry (used by tests that register temporary classes)."""
         self._entries.pop(name, None)
+        self._composed = {k: v for k, v in self._composed.items() if k.rpartition("+")[0] != name}
+
+    def owners(self) -> dict[str, str]:
+        """name -> the module that registered it (see `owner`), in registration order."""
+        return {name: owner(cls) for name, cls in self._entries.items()}
 
     def register_modifier(self, suffix: str, compose: Callable[[T], T]) -> None:
         """Make every `NAME+suffix` valid: `compose(get(NAME))`, built on first use and cached."""

@@ -20,6 +20,7 @@ from domaingen.datasets.splits import Split
 from domaingen.errors import RunDirectoryError
 from domaingen.evaluation import evaluate, training_domains
 from domaingen.networks import place_model, resolve_device
+from domaingen.plugins import load_plugins
 from domaingen.rundir import RunDirectory
 from domaingen.training import TrainConfig, resolve
 
@@ -103,6 +104,7 @@ def load_run(
     if args is None:
         raise RunDirectoryError(f"{rundir.path} is not a run directory (no args.json); give one run of a sweep, not the sweep")
     step, weights = read_weights(rundir, checkpoint)
+    load_plugins(args.get("plugins") if isinstance(args.get("plugins"), list) else ())  # its algorithm may be one's
     run = resolve(_config_from_args(args, data_dir))
     records = rundir.records()
     hparams = dict(records[0]["hparams"]) if records and isinstance(records[0].get("hparams"), dict) else run.hparams

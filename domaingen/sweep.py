@@ -26,6 +26,7 @@ from domaingen.algorithms import ALGORITHMS
 from domaingen.datasets import DATASETS
 from domaingen.errors import DomaingenError
 from domaingen.eval_plan import check_eval_splits
+from domaingen.plugins import load_plugins, merge_specs
 from domaingen.runlock import is_locked
 from domaingen.rundir import DONE_STATE, FAILED_STATE, INCOMPLETE, NOT_LAUNCHED, RunDirectory, atomic_write_bytes
 from domaingen.precision import REQUESTED_PRECISIONS
@@ -59,6 +60,8 @@ class SweepSpec:
     algorithm_hparams: dict[str, dict[str, Any]] = field(default_factory=dict)  # per algorithm
     # [[parts]]: sub-sweeps, each the top-level keys overridden by its own; their jobs run in order
     parts: list[dict[str, Any]] = field(default_factory=list)
+    # plugin modules the jobs load (domaingen.plugins); not part of the sweep's identity
+    plugins: list[str] = field(default_factory=list)
 
     def sub_specs(self) -> list["SweepSpec"]:
         """The parts as complete specs (a spec without parts is its own single part)."""
@@ -85,6 +88,9 @@ def parse_spec(data: Mapping[str, Any], source: str = "spec") -> SweepSpec:
     unknown = sorted(set(data) - SPEC_KEYS)
     if unknown:
         raise SpecError(f"{source}: unknown key(s) {', '.join(unknown)}; valid keys: {', '.join(sorted(SPEC_KEYS))}")
+    if data.get("plugins") is not None:
+        _expect("plugins", data["plugins"], list, "a list of plugin modules or .py paths")
+        load_plugins(data["plugins"])  # before the names below are checked: plugins register them
     if data.get("parts"):
         return _parse_parts(data, source)
     for key in ("algorithms", "datasets"):
@@ -240,6 +246,7 @@ def build_jobs(spec: SweepSpec) -> list[Job]:
                     "checkpoint_freq": freq,
                     "holdout_fraction": spec.holdout_fraction,
                     "precision": spec.precision,
+                    "plugins": list(spec.plugins),
                 }
                 # set only when asked for, so that the ids of sweeps launched before these keys existed stay
                 args.update({k: getattr(spec, k) for k in ("eval_splits", "train_in_every")
@@ -265,15 +272,18 @@ def prepare_sweep_dir(sweep_dir: str | os.PathLike, spec: SweepSpec, force: bool
     if not os.access(path, os.W_OK):
         raise DomaingenError(f"output_dir {path} is not writable; choose another --output_dir")
     recorded = read_recorded_spec(path)
-    # a key the recorded spec lacks reads as None: a spec written before the key existed is the same spec
-    changed = sorted(k for k in set(recorded or {}) | set(spec.canonical())
-                     if (recorded or {}).get(k) != spec.canonical().get(k))
+    wanted = spec.canonical()
+    # a key the recorded spec lacks reads as None: a spec written before the key existed is the same spec;
+    # the plugins loaded may differ between launches (an entry point installed since); they accumulate
+    changed = sorted(k for k in set(recorded or {}) | set(wanted) if k != "plugins" and (recorded or {}).get(k) != wanted.get(k))
     if recorded is not None and changed and not force:
         raise DomaingenError(
             f"{path} holds a sweep with a different spec (differs in: {', '.join(changed)}); "
             "use another --output_dir, or --force to launch this spec into it"
         )
-    atomic_write_bytes(path / SPEC_FILE, (json.dumps(spec.canonical(), indent=2, sort_keys=True) + "\n").encode())
+    if recorded is not None and not force:
+        wanted["plugins"] = merge_specs(recorded.get("plugins"), wanted.get("plugins"))
+    atomic_write_bytes(path / SPEC_FILE, (json.dumps(wanted, indent=2, sort_keys=True) + "\n").encode())
 
 
 def read_recorded_spec(sweep_dir: str | os.PathLike) -> dict[str, Any] | None:
@@ -324,4 +334,6 @@ def train_command(job: Job, sweep_dir: str | os.PathLike, data_dir: str | None) 
         parts += ["--hparams", json.dumps(a["hparams"], sort_keys=True)]
     if data_dir:
         parts += ["--data_dir", data_dir]
+    if a.get("plugins"):
+        parts += ["--plugins", ",".join(a["plugins"])]
     return shlex.join(parts)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import logging
 import sys
 from pathlib import Path
 from typing import Any
@@ -13,6 +14,7 @@ from tabulate import tabulate
 from domaingen.errors import DomaingenError
 from domaingen.hparams import parse_overrides
 from domaingen.launchers import NOT_SUBMITTED, SUBMITTED, LaunchOptions, check_options, launch
+from domaingen.plugins import PluginError, load_plugins, loaded_plugins, merge_specs, portable, recorded_plugins
 from domaingen.rundir import DONE_STATE, FAILED_STATE, INCOMPLETE, NOT_LAUNCHED
 from domaingen.runlock import is_locked
 from domaingen.slurm_jobs import ACTIVE_STATES, active_jobs, describe, read_submissions, scheduler_states
@@ -28,6 +30,8 @@ from domaingen.sweep import (
     read_recorded_spec,
 )
 
+log = logging.getLogger(__name__)
+
 FLAG_KEYS = ("algorithms", "datasets", "n_hparams", "n_trials", "steps", "checkpoint_freq", "precision", "pairs",
              "eval_splits", "train_in_every")
 
@@ -37,6 +41,8 @@ def spec_from_args(ns: argparse.Namespace):
     data: dict[str, Any] = {}
     source = "command line"
     recorded = read_recorded_spec(ns.output_dir)
+    if recorded is not None:  # a relaunch in a fresh shell: the plugins the sweep was launched with
+        load_plugins(recorded.get("plugins") if isinstance(recorded.get("plugins"), list) else ())
     if not ns.spec and recorded is not None and ns.algorithms is None and ns.datasets is None:
         # status / delete-incomplete / relaunch of an existing sweep: its own recorded spec
         data = {k: v for k, v in recorded.items() if v is not None}
@@ -55,6 +61,9 @@ def spec_from_args(ns: argparse.Namespace):
         raise SpecError(
             "give --spec FILE, or --algorithms and --datasets (or an --output_dir that holds a launched sweep)"
         )
+    # every plugin this process loaded (entry points, $DOMAINGEN_PLUGINS, --plugins, the spec's,
+    # the recorded ones) travels with the jobs and into sweep.json
+    data["plugins"] = merge_specs([portable(s) for s in data.get("plugins") or ()], loaded_plugins())
     return parse_spec(data, source)
 
 
@@ -180,6 +189,15 @@ def _launch(spec, jobs, ns) -> int:
     return 0 if not (ended.get(FAILED_STATE) or ended.get(NOT_SUBMITTED)) else 1
 
 
+def load_recorded_plugins(sweep_dir: str) -> None:
+    """Load the plugins a sweep (or run) directory records, for the names of a plugin dataset's
+    environments; tables do not need them otherwise, so one that fails is a warning."""
+    try:
+        load_plugins(recorded_plugins(sweep_dir))
+    except PluginError as exc:
+        log.warning("%s; tables of its datasets number their environments instead of naming them", exc)
+
+
 def collect_command(ns: argparse.Namespace) -> int:
     import pandas as pd
 
@@ -194,6 +212,7 @@ def collect_command(ns: argparse.Namespace) -> int:
     pairs = parse_pairs(ns.paired)
     if ns.top_hparams and (pairs is not None or ns.fields):
         raise DomaingenError("--paired and --fields add tables; --top_hparams prints none: use one or the other")
+    load_recorded_plugins(ns.input_dir)
     reference = pd.concat([read_reference(f) for f in ns.reference], ignore_index=True) if ns.reference else None
     collection = collect(ns.input_dir, allow_mixed_sources=ns.allow_mixed_sources)
     _add_unlaunched_jobs(collection, ns.input_dir)

@@ -22,6 +22,7 @@ from domaingen.eval_plan import DEFAULT_EVAL_SPLITS, LEGACY_EVAL_SPLITS, check_e
 from domaingen.evaluation import CompiledPredict, autocast_context, eval_batch_size, evaluate, training_domains
 from domaingen.hparams import apply_overrides, draw_hparams, parse_overrides, seed_hash
 from domaingen.networks import place_model, resolve_device
+from domaingen.plugins import load_plugins, loaded_plugins, merge_specs, portable, split_specs
 from domaingen.precision import PRECISIONS, REQUESTED_PRECISIONS, resolve_precision
 from domaingen.rundir import DONE_STATE, FAILED_STATE, LOG, RunDirectory
 
@@ -29,7 +30,8 @@ log = logging.getLogger(__name__)
 
 # Arguments that do not change what a run computes, so a rerun may differ in them.
 # resolved_precision is what `precision` (fp32, bf16 or auto) meant where the run started.
-NON_IDENTITY_ARGS = ("output_dir", "data_dir", "device", "compile_eval", "resolved_precision")
+# plugins only make names importable; the names themselves (algorithm, dataset) are in the identity.
+NON_IDENTITY_ARGS = ("output_dir", "data_dir", "device", "compile_eval", "resolved_precision", "plugins")
 COMPILE_EVAL_ENV = "DOMAINGEN_COMPILE_EVAL"
 
 
@@ -45,6 +47,31 @@ def compile_eval_default() -> bool:
 
 class DivergedError(DomaingenError):
     """The training loss became NaN or infinite."""
+
+
+class UpdateContractError(DomaingenError):
+    """An algorithm's update() returned something other than named finite scalar losses with a 'loss'."""
+
+
+def checked_losses(losses: Any, algorithm: str, step: int) -> dict[str, float]:
+    """`update()`'s return value as {name: float}; raises for no 'loss', a non-number or a non-finite value."""
+    if not isinstance(losses, Mapping) or "loss" not in losses:
+        got = f"a dict without 'loss' (keys: {', '.join(map(str, losses)) or 'none'})" if isinstance(losses, Mapping) \
+            else repr(losses) if losses is None else f"a {type(losses).__name__}"
+        raise UpdateContractError(
+            f"{algorithm}.update() returned {got} at step {step}; it must return a dict of scalar losses with a 'loss'")
+    values: dict[str, float] = {}
+    for key, value in losses.items():
+        try:
+            values[str(key)] = float(value.detach() if isinstance(value, torch.Tensor) else value)
+        except (TypeError, ValueError, RuntimeError):
+            raise UpdateContractError(
+                f"{algorithm}.update() returned {key}={value!r} at step {step}; losses must be scalars "
+                "(use loss.item())") from None
+    bad = {k: v for k, v in values.items() if not math.isfinite(v)}
+    if bad:
+        raise DivergedError(f"non-finite loss at step {step}: {bad}")
+    return values
 
 
 @dataclass
@@ -68,6 +95,7 @@ class TrainConfig:
     compile_eval: bool | None = None  # None: $DOMAINGEN_COMPILE_EVAL (1 = on), else off
     eval_splits: str | None = None  # selection or all; None: what a resumed run started with, else the default
     train_in_every: int | None = None  # selection: also the training envs' in splits at every k-th checkpoint
+    plugins: Sequence[str] = ()  # modules to load first (see domaingen.plugins); args.json records every one loaded
 
 
 @dataclass
@@ -135,6 +163,7 @@ def resolve(config: TrainConfig) -> ResolvedRun:
         embedded_data=resolve_data_dir(config.data_dir) == "embedded",
         compile_eval=compile_eval_default() if config.compile_eval is None else bool(config.compile_eval),
         eval_splits=config.eval_splits or DEFAULT_EVAL_SPLITS,
+        plugins=merge_specs([portable(s) for s in split_specs(config.plugins)], loaded_plugins()),
     )
     return ResolvedRun(args, hparams, dataset_cls, algorithm_cls)
 
@@ -189,8 +218,11 @@ def train(config: TrainConfig, dataset_cache: DatasetCache | None = None) -> Run
     """Run (or resume, or skip if done) one training run; see the module docstring of rundir.
 
     `dataset_cache` (a sweep worker's) serves the dataset and its splits when an earlier
-    job built them; the run computes exactly what it computes without one.
+    job built them; the run computes exactly what it computes without one. The plugins
+    (`config.plugins`, the entry points, $DOMAINGEN_PLUGINS) are loaded first; one that
+    cannot be loaded raises PluginError before anything is written.
     """
+    load_plugins(config.plugins)
     run = resolve(config)
     rundir = RunDirectory(config.output_dir)
     _keep_eval_splits(run, config, rundir.read_args())
@@ -268,10 +300,7 @@ def _train_loop(
     for step in range(start_step, args["steps"]):
         started = time.perf_counter()
         with autocast_context(device, args["resolved_precision"]):
-            losses = algorithm.update(sampler.next())
-        bad = {k: v for k, v in losses.items() if not math.isfinite(v)}
-        if bad:
-            raise DivergedError(f"non-finite loss at step {step}: {bad}")
+            losses = checked_losses(algorithm.update(sampler.next()), args["algorithm"], step)
         for key, value in {**losses, "step_time": time.perf_counter() - started}.items():
             pending.setdefault(key, []).append(value)
         if step % args["checkpoint_freq"] == 0 or step == args["steps"] - 1:

@@ -124,8 +124,8 @@ def test_a_user_algorithm_is_one_registered_class(tmp_path, capsys):
     from domaingen.algorithms.base import ALGORITHMS, FeaturizerClassifier, concat
     from domaingen.hparams import HParam, log_uniform
 
-    @ALGORITHMS.register("LabelSmoothing")
-    class LabelSmoothing(FeaturizerClassifier):
+    @ALGORITHMS.register("InlineSmoothing")
+    class InlineSmoothing(FeaturizerClassifier):
         """ERM with label smoothing."""
 
         HPARAMS = {"smoothing": HParam(0.1, log_uniform(-3, -0.5))}
@@ -138,11 +138,11 @@ def test_a_user_algorithm_is_one_registered_class(tmp_path, capsys):
 
     try:
         code, out, _ = run_cli(capsys, "list")
-        assert "LabelSmoothing" in out and "smoothing" in out
-        args = replace_flag(train_args(tmp_path / "run"), "--algorithm", "LabelSmoothing")
+        assert "InlineSmoothing" in out and "smoothing" in out
+        args = replace_flag(train_args(tmp_path / "run"), "--algorithm", "InlineSmoothing")
         code, out, _ = run_cli(capsys, *args)
         assert code == 0 and "done" in out
         record = json.loads((tmp_path / "run" / "results.jsonl").read_text().splitlines()[-1])
         assert record["hparams"]["smoothing"] == 0.1
     finally:
-        ALGORITHMS.unregister("LabelSmoothing")
+        ALGORITHMS.unregister("InlineSmoothing")

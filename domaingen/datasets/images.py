@@ -1,8 +1,12 @@
-"""Folder datasets: PACS and DomainNet, one ImageFolder-like environment per domain folder.
+"""Folder datasets: one ImageFolder-like environment per domain folder.
 
 Layout: <data_dir>/<DATASET_DIR>/<domain>/<class>/<image>. Classes are the class
 folder names in sorted order, which must be the same in every domain. Files whose
 header PIL cannot read are skipped with one warning that counts them.
+
+`ImageFolderDataset` is the public base class: PACS, DomainNet and DomainBed's
+OfficeHome, VLCS and TerraIncognita are a few class attributes each, and so is a
+plugin's own folder of domains.
 """
 
 from __future__ import annotations
@@ -55,26 +59,45 @@ def scan_domain(domain_dir: Path, classes: Sequence[str]) -> tuple[list[str], li
     return paths, labels, unreadable
 
 
-class FolderDomains(FileDomains):
-    """Environments read from <data_dir>/<DATASET_DIR>/<domain>/<class>/<image>."""
+class ImageFolderDataset(FileDomains):
+    """A multi-domain dataset of image files in <data_dir>/<DATASET_DIR>/<domain folder>/<class>/<image>.
+
+    A subclass sets, as class attributes:
+
+    - `DATASET_DIR`: its folder under the data directory;
+    - `ENVIRONMENTS`: the environments' names, in order (the order of test_envs indices);
+    - `DOMAIN_FOLDERS` (optional): each environment's folder name, or a tuple of accepted
+      spellings (the first that exists is read); default: the environment's name;
+    - `NUM_CLASSES` (optional): the published class count, checked with a warning; default 0,
+      no check. The classes are the class folders, which every domain must share.
+    - `DOWNLOAD_NAME` (optional): its `domaingen download --dataset` name, for error messages.
+
+    Everything else has DomainBed's defaults for image datasets: its transforms (random
+    resized crop, flip, colour jitter, grayscale; ImageNet normalisation), the ResNet
+    hyperparameters (`lr` 5e-5, `batch_size` 32, ... with their random-search
+    distributions), 5001 steps and a checkpoint every 300. Override `HPARAMS`, `N_STEPS`
+    or `CHECKPOINT_FREQ` to change them.
+    """
 
     DATASET_DIR: ClassVar[str] = ""
+    DOMAIN_FOLDERS: ClassVar[Sequence[str | Sequence[str]]] = ()
     DOWNLOAD_NAME: ClassVar[str] = ""
     INPUT_SHAPE = (3, 224, 224)
+    CHECKPOINT_FREQ = 300
 
     def __init__(self, data_dir: str, test_envs: Sequence[int], hparams: Mapping[str, Any]) -> None:
         super().__init__(data_dir, test_envs, hparams)
         root = data_path(data_dir, self.DATASET_DIR)
         self._check_domain_folders(root)
         self.classes = self._shared_classes(root)
-        if len(self.classes) != self.NUM_CLASSES:
+        if self.NUM_CLASSES and len(self.classes) != self.NUM_CLASSES:
             log.warning("%s has %d classes in %s, not the published %d", type(self).__name__,
                         len(self.classes), root, self.NUM_CLASSES)
         unreadable: list[str] = []
         for name in self.ENVIRONMENTS:
-            paths, labels, bad = scan_domain(root / name, self.classes)
+            paths, labels, bad = scan_domain(self._domain_dir(root, name), self.classes)
             if not paths:
-                raise DataNotFoundError(f"{root / name} holds no images; {self._fix(data_dir)}")
+                raise DataNotFoundError(f"{self._domain_dir(root, name)} holds no images; {self._fix(data_dir)}")
             unreadable += bad
             self.environments.append(FileEnvironment(name, paths, torch.tensor(labels, dtype=torch.long)))
         if unreadable:
@@ -87,24 +110,40 @@ class FolderDomains(FileDomains):
     def num_classes(self) -> int:
         return len(self.classes)
 
+    @classmethod
+    def folder_names(cls, env: str) -> tuple[str, ...]:
+        """The accepted folder names of environment `env`, preferred first."""
+        if not cls.DOMAIN_FOLDERS:
+            return (env,)
+        if len(cls.DOMAIN_FOLDERS) != len(cls.ENVIRONMENTS):
+            raise DomaingenError(f"{cls.__name__}: DOMAIN_FOLDERS names {len(cls.DOMAIN_FOLDERS)} folders for "
+                                 f"{len(cls.ENVIRONMENTS)} environments; give one per environment")
+        folders = cls.DOMAIN_FOLDERS[list(cls.ENVIRONMENTS).index(env)]
+        return (folders,) if isinstance(folders, str) else tuple(folders)
+
+    def _domain_dir(self, root: Path, env: str) -> Path:
+        for folder in self.folder_names(env):
+            if (root / folder).is_dir():
+                return root / folder
+        return root / self.folder_names(env)[0]
+
     def _fix(self, data_dir: str) -> str:
-        return (
-            f"expected <data_dir>/{self.DATASET_DIR}/<domain>/<class>/<image> with domains "
-            f"{', '.join(self.ENVIRONMENTS)}; get the data with "
-            f"`domaingen download --dataset {self.DOWNLOAD_NAME} --data_dir {data_dir}`"
-        )
+        folders = ", ".join(self.folder_names(env)[0] for env in self.ENVIRONMENTS)
+        where = (f"get the data with `domaingen download --dataset {self.DOWNLOAD_NAME} --data_dir {data_dir}`"
+                 if self.DOWNLOAD_NAME else f"put the images there (data_dir is {data_dir})")
+        return f"expected <data_dir>/{self.DATASET_DIR}/<domain>/<class>/<image> with domain folders {folders}; {where}"
 
     def _check_domain_folders(self, root: Path) -> None:
         if not root.is_dir():
             raise DataNotFoundError(f"{type(self).__name__} not found: {root} is not a folder; {self._fix(self.data_dir)}")
-        missing = [name for name in self.ENVIRONMENTS if not (root / name).is_dir()]
+        missing = [self.folder_names(env)[0] for env in self.ENVIRONMENTS if not self._domain_dir(root, env).is_dir()]
         if missing:
             raise DataNotFoundError(
                 f"{type(self).__name__}: domain folder(s) {', '.join(missing)} missing in {root}; {self._fix(self.data_dir)}"
             )
 
     def _shared_classes(self, root: Path) -> list[str]:
-        per_domain = {name: list_classes(root / name) for name in self.ENVIRONMENTS}
+        per_domain = {name: list_classes(self._domain_dir(root, name)) for name in self.ENVIRONMENTS}
         first = self.ENVIRONMENTS[0]
         reference = set(per_domain[first])
         for name, classes in per_domain.items():
@@ -113,16 +152,20 @@ class FolderDomains(FileDomains):
                 extra = sorted(set(classes) - reference)
                 parts = ([f"lacks {', '.join(lacking)}"] if lacking else []) + ([f"has extra {', '.join(extra)}"] if extra else [])
                 raise DomaingenError(
-                    f"{type(self).__name__}: the class folders differ between domains: compared with {first}, "
-                    f"{root / name} {' and '.join(parts)}; every domain needs the same class folders"
+                    f"{type(self).__name__}: the class folders differ between domains: compared with "
+                    f"{self._domain_dir(root, first).name}, {self._domain_dir(root, name)} {' and '.join(parts)}; "
+                    "every domain needs the same class folders"
                 )
         if not reference:
-            raise DataNotFoundError(f"{root / first} has no class folders; {self._fix(self.data_dir)}")
+            raise DataNotFoundError(f"{self._domain_dir(root, first)} has no class folders; {self._fix(self.data_dir)}")
         return per_domain[first]
 
 
+FolderDomains = ImageFolderDataset  # its name before it was public
+
+
 @DATASETS.register("PACS")
-class PACS(FolderDomains):
+class PACS(ImageFolderDataset):
     """Photo, art painting, cartoon and sketch images of 7 classes (Li et al., 2017)."""
 
     ENVIRONMENTS = ("art_painting", "cartoon", "photo", "sketch")
@@ -133,7 +176,7 @@ class PACS(FolderDomains):
 
 
 @DATASETS.register("DomainNet")
-class DomainNet(FolderDomains):
+class DomainNet(ImageFolderDataset):
     """Six domains of 345 object classes (Peng et al., 2019), DomainBed's duplicate files removed."""
 
     ENVIRONMENTS = ("clipart", "infograph", "painting", "quickdraw", "real", "sketch")
@@ -145,3 +188,36 @@ class DomainNet(FolderDomains):
         **RESNET_HPARAMS,
         "batch_size": HParam(32, int_pow2_uniform(3, 5), "examples per training environment per step"),
     }
+
+
+@DATASETS.register("OfficeHome")
+class OfficeHome(ImageFolderDataset):
+    """Art, clipart, product and real-world images of 65 office and home objects (Venkateswara et al., 2017)."""
+
+    ENVIRONMENTS = ("A", "C", "P", "R")
+    DOMAIN_FOLDERS = ("Art", "Clipart", "Product", ("Real_World", "Real World"))  # the archive has a space
+    DATASET_DIR = "office_home"
+    DOWNLOAD_NAME = "officehome"
+    NUM_CLASSES = 65
+
+
+@DATASETS.register("VLCS")
+class VLCS(ImageFolderDataset):
+    """Five classes in four photo datasets: Caltech101, LabelMe, SUN09, VOC2007 (Fang et al., 2013)."""
+
+    ENVIRONMENTS = ("C", "L", "S", "V")
+    DOMAIN_FOLDERS = ("Caltech101", "LabelMe", "SUN09", "VOC2007")
+    DATASET_DIR = "VLCS"
+    DOWNLOAD_NAME = "vlcs"
+    NUM_CLASSES = 5
+
+
+@DATASETS.register("TerraIncognita")
+class TerraIncognita(ImageFolderDataset):
+    """Camera-trap photos of 10 classes at four locations (Beery et al., 2018), as DomainBed selects them."""
+
+    ENVIRONMENTS = ("L100", "L38", "L43", "L46")
+    DOMAIN_FOLDERS = ("location_100", "location_38", "location_43", "location_46")
+    DATASET_DIR = "terra_incognita"
+    DOWNLOAD_NAME = "terraincognita"
+    NUM_CLASSES = 10
