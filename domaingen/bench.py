@@ -95,7 +95,7 @@ def bench_training(data_dir: str, algorithm: str, steps: int, skip_fp32_eval: bo
     rows.append(["bf16 step / fp32 step",
                  f"{median['bf16'] / median['fp32']:.0%} "
                  f"(CPU time {statistics.median(cpu['bf16']) / statistics.median(cpu['fp32']):.0%})"])
-    batch_size = eval_batch_size(device)
+    batch_size = eval_batch_size(device, models["fp32"])
     for precision in ("fp32", "bf16"):
         if precision == "fp32" and skip_fp32_eval:
             continue
@@ -137,7 +137,7 @@ def bench_convolution_floor(steps: int) -> list[list]:
     model = place_model(model, device, (2, 28, 28))
     x = torch.rand(8192, 2, 28, 28)
     model.eval()
-    batch_size = eval_batch_size(device)
+    batch_size = eval_batch_size(device, model)
     with torch.inference_mode(), autocast_context(device, "bf16"):
         model(to_device(x[:batch_size], device))
         start = time.perf_counter()

@@ -289,7 +289,7 @@ def _train_loop(
     algorithm = run.algorithm_cls(dataset.input_shape, dataset.num_classes, len(train_splits), hparams)
     algorithm = place_model(algorithm, device, dataset.input_shape)
     # One compiled graph for all checkpoints; it reads the parameters as they are at each call.
-    predict = CompiledPredict(algorithm, eval_batch_size(device)) if args["compile_eval"] else None
+    predict = CompiledPredict(algorithm, eval_batch_size(device, algorithm)) if args["compile_eval"] else None
     full_batch = bool(hparams.get("full_batch", False))
     sampler = dataset.minibatch_sampler(train_splits, hparams["batch_size"], args["seed"], device)
     start_step, selected = _resume(rundir, algorithm, sampler)

@@ -132,3 +132,21 @@ def test_missing_mnist_says_where_and_how(tmp_path, monkeypatch):
     assert str(tmp_path / "nowhere" / "MNIST" / "raw") in message
     assert "train-images-idx3-ubyte" in message and "t10k-labels-idx1-ubyte" in message
     assert "--data_dir embedded" in message
+
+
+def test_a_colored_mnist_job_does_not_import_torchvision(tmp_path):
+    """torchvision's import (about a second, a large share of a short job) is paid only where it is used."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "from domaingen.cli import main\n"
+        f"main(['-q', 'train', '--dataset', 'ColoredMNIST', '--algorithm', 'ERM', '--data_dir', 'embedded',\n"
+        f"      '--output_dir', {str(tmp_path / 'run')!r}, '--steps', '2', '--checkpoint_freq', '2',\n"
+        "      '--hparams', '{\"featurizer\": \"MLP\", \"mlp_width\": 16}'])\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] == 'torchvision'))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip().splitlines()[-1] == "[]"
+    assert (tmp_path / "run" / "results.jsonl").exists()

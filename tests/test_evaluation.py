@@ -8,6 +8,7 @@ from domaingen.datasets.base import Environment
 from domaingen.datasets.splits import Split
 from domaingen.evaluation import (
     ACCELERATOR_EVAL_BATCH_SIZE,
+    CPU_DENSE_EVAL_BATCH_SIZE,
     CPU_EVAL_BATCH_SIZE,
     eval_batch_size,
     evaluate,
@@ -20,9 +21,11 @@ class LinearModel(torch.nn.Module):
 
     EVAL_MODES: dict[str, bool] = {}
 
-    def __init__(self) -> None:
+    def __init__(self, with_convolution: bool = True) -> None:
         super().__init__()
         self.linear = torch.nn.Linear(4, 3)
+        # unused by predict: it only makes the model count as a convolutional network for eval_batch_size
+        self.convolution = torch.nn.Conv2d(1, 1, 1) if with_convolution else None
         self.batch_sizes: list[int] = []
 
     def predict(self, x: torch.Tensor) -> torch.Tensor:
@@ -41,6 +44,21 @@ def test_batch_size_is_cache_sized_on_cpu_and_large_elsewhere():
     assert eval_batch_size(torch.device("cpu")) == CPU_EVAL_BATCH_SIZE == 128
     assert eval_batch_size(torch.device("cuda")) == ACCELERATOR_EVAL_BATCH_SIZE == 2048
     assert eval_batch_size(torch.device("cuda:1")) == 2048
+
+
+def test_networks_without_convolutions_evaluate_in_larger_cpu_batches():
+    from domaingen.networks import MLP, MNIST_CNN
+
+    mlp = torch.nn.Sequential(MLP(1568, 256, 256, 3, 0.0), torch.nn.Linear(256, 2))
+    cnn = torch.nn.Sequential(MNIST_CNN((2, 28, 28)), torch.nn.Linear(128, 2))
+    assert eval_batch_size(torch.device("cpu"), mlp) == CPU_DENSE_EVAL_BATCH_SIZE == 1024
+    assert eval_batch_size(torch.device("cpu"), cnn) == CPU_EVAL_BATCH_SIZE
+    assert eval_batch_size(torch.device("cuda"), mlp) == eval_batch_size(torch.device("cuda"), cnn) == 2048
+    model = LinearModel(with_convolution=False)
+    splits = [(_split(2500, 7), _split(40, 8))]
+    dense = evaluate(model, splits, torch.device("cpu"))
+    assert model.batch_sizes == [1024, 1024, 452, 40]
+    assert dense == evaluate(model, splits, torch.device("cpu"), batch_size=CPU_EVAL_BATCH_SIZE)
 
 
 def test_cpu_evaluation_uses_cpu_batches_and_equals_a_single_pass():
@@ -67,6 +85,7 @@ def test_accuracies_do_not_depend_on_the_batch_size():
     model = LinearModel()
     splits = [(_split(1000, 5), _split(250, 6))]
     small = evaluate(model, splits, torch.device("cpu"))
+    assert model.batch_sizes[:2] == [128, 128]
     large = evaluate(model, splits, torch.device("cpu"), batch_size=ACCELERATOR_EVAL_BATCH_SIZE)
     assert small == large
     assert model.batch_sizes[-2:] == [1000, 250]

@@ -15,8 +15,6 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, Mapping, Sequence
 
 import torch
-from torchvision.transforms import InterpolationMode
-from torchvision.transforms.functional import rotate
 
 from domaingen.datasets.base import DATASETS, EMBEDDED, Environment, MultiDomainDataset, data_path
 from domaingen.errors import DataNotFoundError
@@ -245,6 +243,10 @@ class RotatedMNIST(MNISTDomains):
     NUM_CLASSES = 10
 
     def make_environment(self, images, labels, env_index, generator):
+        # imported here: torchvision's import (about a second) is a large share of a short ColoredMNIST job
+        from torchvision.transforms import InterpolationMode
+        from torchvision.transforms.functional import rotate
+
         x = rotate(
             images.unsqueeze(1),
             float(self.ANGLES[env_index]),
