@@ -12,12 +12,11 @@ from torch import nn
 from domaingen.algorithms.base import Algorithm
 from domaingen.datasets.base import MultiDomainDataset
 from domaingen.datasets.splits import Split
-from domaingen.networks import to_device
+from domaingen.networks import has_convolutions, to_device
 
 CPU_EVAL_BATCH_SIZE = 128
 CPU_DENSE_EVAL_BATCH_SIZE = 1024
 ACCELERATOR_EVAL_BATCH_SIZE = 2048
-CONVOLUTIONS = (nn.Conv1d, nn.Conv2d, nn.Conv3d)
 
 log = logging.getLogger(__name__)
 
@@ -44,7 +43,7 @@ def eval_batch_size(device: torch.device, model: nn.Module | None = None) -> int
     """
     if device.type != "cpu":
         return ACCELERATOR_EVAL_BATCH_SIZE
-    if model is not None and not any(isinstance(m, CONVOLUTIONS) for m in model.modules()):
+    if model is not None and not has_convolutions(model):
         return CPU_DENSE_EVAL_BATCH_SIZE
     return CPU_EVAL_BATCH_SIZE
 
@@ -114,9 +113,10 @@ def split_predictions(
     """
     predicted, labels = [], []
     default_predict = predict or algorithm.predict
+    channels_last = has_convolutions(algorithm)
     for x, y in batches:
         with autocast_context(device, precision):
-            x = to_device(x, device)
+            x = to_device(x, device, channels_last)
             logits = default_predict(x) if mode is None else algorithm.predict_mode(x, mode, domain)
         predicted.append(predicted_labels(logits.float()).cpu())
         labels.append(y.cpu())

@@ -30,9 +30,21 @@ def resolve_device(name: str = "auto") -> torch.device:
     return device
 
 
-def to_device(x: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """Move a batch to `device`; image batches go channels-last, which oneDNN and cuDNN convolve faster."""
-    if x.dim() == 4:
+CONVOLUTIONS = (nn.Conv1d, nn.Conv2d, nn.Conv3d)
+
+
+def has_convolutions(model: nn.Module) -> bool:
+    """Whether `model` convolves (else its image inputs are only flattened: an MLP)."""
+    return any(isinstance(m, CONVOLUTIONS) for m in model.modules())
+
+
+def to_device(x: torch.Tensor, device: torch.device, channels_last: bool = True) -> torch.Tensor:
+    """Move a batch to `device`; image batches go channels-last, which oneDNN and cuDNN convolve faster.
+
+    `channels_last` False keeps them contiguous: a network without convolutions flattens
+    its input, which for a channels-last batch is one more copy, after the one into it.
+    """
+    if x.dim() == 4 and channels_last:
         return x.to(device, memory_format=torch.channels_last, non_blocking=True)
     return x.to(device, non_blocking=True)
 

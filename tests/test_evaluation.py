@@ -89,3 +89,38 @@ def test_accuracies_do_not_depend_on_the_batch_size():
     large = evaluate(model, splits, torch.device("cpu"), batch_size=ACCELERATOR_EVAL_BATCH_SIZE)
     assert small == large
     assert model.batch_sizes[-2:] == [1000, 250]
+
+
+class ImageModel(torch.nn.Module):
+    """Flatten + linear, optionally behind a 1x1 convolution; records the memory format of what it sees."""
+
+    EVAL_MODES: dict[str, bool] = {}
+
+    def __init__(self, with_convolution: bool) -> None:
+        super().__init__()
+        self.convolution = torch.nn.Conv2d(2, 2, 1) if with_convolution else torch.nn.Identity()
+        self.linear = torch.nn.Linear(2 * 4 * 4, 3)
+        self.channels_last_seen: list[bool] = []
+
+    def predict(self, x: torch.Tensor) -> torch.Tensor:
+        self.channels_last_seen.append(x.is_contiguous(memory_format=torch.channels_last) and not x.is_contiguous())
+        return self.linear(self.convolution(x).flatten(1))
+
+
+def test_only_convolutional_networks_get_channels_last_batches_and_predictions_do_not_change():
+    g = torch.Generator().manual_seed(9)
+    env = Environment("toy", torch.randint(0, 256, (300, 2, 4, 4), dtype=torch.uint8, generator=g),
+                      torch.randint(0, 3, (300,), generator=g))
+    split = Split(env, torch.arange(300))
+    torch.manual_seed(0)
+    mlp, cnn = ImageModel(with_convolution=False), ImageModel(with_convolution=True)
+    mlp_acc = evaluate(mlp, [(split, split)], torch.device("cpu"))
+    evaluate(cnn, [(split, split)], torch.device("cpu"))
+    assert mlp.channels_last_seen and not any(mlp.channels_last_seen)
+    assert cnn.channels_last_seen and all(cnn.channels_last_seen)
+    # the MLP's logits on a channels-last copy of the same batch are bitwise the same
+    x = env.x.float() / 255
+    with torch.no_grad():
+        assert torch.equal(mlp.predict(x), mlp.predict(x.contiguous(memory_format=torch.channels_last)))
+        expected = int((mlp.predict(x).argmax(1) == env.y).sum()) / 300
+    assert mlp_acc["env0_in_acc"] == mlp_acc["env0_out_acc"] == expected
