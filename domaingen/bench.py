@@ -512,6 +512,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="fullrun, jobs: the commit to compare with (default main; where main already has "
                              "--eval_splits, the commit before it was added)")
     parser.add_argument("--jobs", type=int, default=24, help="jobs: how many short MLP jobs the compared sweeps run")
+    parser.add_argument("--repeats", type=int, default=1,
+                        help="jobs: sweeps of each tree, alternating; the ratio is of the medians")
     parser.add_argument("--overhead", nargs="+", default=["ERM+ModReg"],
                         help="algorithms whose step is compared with --base (the overhead section)")
     parser.add_argument("--base", default="ERM")
@@ -536,7 +538,7 @@ def main(argv: list[str] | None = None) -> int:
     if ns.only in (None, "jobs"):
         from domaingen.bench_baseline import main_rows
 
-        rows += main_rows("jobs", data_dir, ns.steps, ns.baseline, ns.jobs)
+        rows += main_rows("jobs", data_dir, ns.steps, ns.baseline, ns.jobs, ns.repeats)
     if ns.only in (None, "overhead"):
         for algorithm in ns.overhead:
             rows += bench_overhead(algorithm, ns.base, ns.steps, ns.overhead_settings)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tarfile
@@ -229,24 +230,34 @@ def sweep_seconds(tree: Path, spec: Path, out: Path, data_dir: str) -> tuple[flo
 
 
 def jobs_rows(repo: Path, data_dir: str, n_jobs: int = 24, steps: int = 41, baseline: str = "main",
-              here: Path | None = None) -> list[list]:
+              here: Path | None = None, repeats: int = 1) -> list[list]:
     """Jobs per hour of a sweep of `n_jobs` ColoredMNIST MLP jobs (ERM at its default hyperparameters, every
-    single test environment, n_jobs / 3 trials, `steps` steps, --launcher local),
-    this tree against the baseline, one after the other in one run."""
+    single test environment, n_jobs / 3 trials, `steps` steps, --launcher local), this tree against the
+    baseline, alternating baseline and tree `repeats` times in one run; the ratio is of the medians."""
     commit = baseline_commit(repo, baseline)
     here = here or Path(__file__).resolve().parents[1]
     n_trials = max(1, n_jobs // 3)
+    old, new, cpu_old, cpu_new = [], [], [], []
     with tempfile.TemporaryDirectory(prefix="domaingen-jobs-") as tmp:
         spec = Path(tmp) / "jobs.toml"
         spec.write_text(JOBS_SPEC.format(n_trials=n_trials, steps=steps))
         old_tree = export_tree(repo, commit, Path(tmp) / "baseline")
-        old, cpu_old = sweep_seconds(old_tree, spec, Path(tmp) / "old", data_dir)
-        new, cpu_new = sweep_seconds(here, spec, Path(tmp) / "new", data_dir)
+        for i in range(repeats):
+            for tree, walls, cpus, name in ((old_tree, old, cpu_old, "old"), (here, new, cpu_new, "new")):
+                wall, cpu = sweep_seconds(tree, spec, Path(tmp) / f"{name}{i}", data_dir)
+                walls.append(wall)
+                cpus.append(cpu)
     n = 3 * n_trials
-    return [[f"{n} ColoredMNIST MLP jobs of {steps} steps, --launcher local: this tree / baseline {commit[:7]}",
-             f"{new:.0f} s / {old:.0f} s = {new / old:.0%} (CPU time {cpu_new:.0f} / {cpu_old:.0f} s = "
-             f"{cpu_new / cpu_old:.0%})"],
-            ["  jobs per hour, this tree / baseline", f"{n * 3600 / new:.0f} / {n * 3600 / old:.0f}"]]
+    median = statistics.median
+    rows = [[f"{n} ColoredMNIST MLP jobs of {steps} steps, --launcher local: this tree / baseline {commit[:7]}"
+             + (f" (medians of {repeats}, alternating)" if repeats > 1 else ""),
+             f"{median(new):.1f} s / {median(old):.1f} s = {median(new) / median(old):.0%} (CPU time "
+             f"{median(cpu_new):.0f} / {median(cpu_old):.0f} s = {median(cpu_new) / median(cpu_old):.0%})"],
+            ["  jobs per hour, this tree / baseline", f"{n * 3600 / median(new):.0f} / {n * 3600 / median(old):.0f}"]]
+    if repeats > 1:
+        rows.append(["  every repeat, this tree / baseline (s)",
+                     ", ".join(f"{a:.1f}/{b:.1f}" for a, b in zip(new, old))])
+    return rows
 
 
 def load_line() -> str:
@@ -285,14 +296,14 @@ def repo_root(start: Path | None = None) -> Path:
     return Path(git(start or Path(__file__).resolve().parent, "rev-parse", "--show-toplevel"))
 
 
-def main_rows(section: str, data_dir: str, steps: int, baseline: str, n_jobs: int) -> list[list]:
-    """The rows of `--only fullrun` or `--only jobs`."""
+def main_rows(section: str, data_dir: str, steps: int, baseline: str, n_jobs: int, repeats: int = 1) -> list[list]:
+    """The rows of `--only fullrun` or `--only jobs` (`repeats`: alternating sweeps of each, jobs only)."""
     repo = repo_root()
     rows = header_rows()
     if section == "fullrun":
         rows += fullrun_rows(repo, data_dir, steps, baseline)
     else:
-        rows += jobs_rows(repo, data_dir, n_jobs, baseline=baseline)
+        rows += jobs_rows(repo, data_dir, n_jobs, baseline=baseline, repeats=repeats)
     rows.append(["load averages at the end (1, 5, 15 min)", load_line()])
     return rows
 

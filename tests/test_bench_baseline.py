@@ -46,3 +46,27 @@ def test_the_baseline_is_main_or_the_commit_before_eval_plan(tmp_path):
     tree = export_tree(repo, old, tmp_path / "export")
     assert sorted(p.name for p in tree.rglob("*") if p.is_file()) == ["__init__.py"]
     assert (tree / "domaingen" / "__init__.py").read_text() == "OLD = 1\n"
+
+
+def test_jobs_comparison_alternates_the_trees_and_reports_the_medians(monkeypatch, tmp_path):
+    import domaingen.bench_baseline as bb
+
+    calls = []
+    walls = {"old": iter([40.0, 36.0, 38.0]), "new": iter([25.0, 27.0, 24.0])}
+
+    def fake_sweep(tree, spec, out, data_dir):
+        kind = "old" if Path(tree).name == "baseline" else "new"
+        calls.append(kind)
+        wall = next(walls[kind])
+        return wall, 2 * wall
+
+    monkeypatch.setattr(bb, "baseline_commit", lambda repo, rev: "abcdef1234")
+    monkeypatch.setattr(bb, "export_tree", lambda repo, commit, into: into)
+    monkeypatch.setattr(bb, "sweep_seconds", fake_sweep)
+    rows = bb.jobs_rows(tmp_path, "data", n_jobs=6, baseline="main", here=tmp_path / "tree", repeats=3)
+    assert calls == ["old", "new"] * 3
+    # medians 25 / 38 s; CPU time 50 / 76 s
+    assert rows[0][1] == "25.0 s / 38.0 s = 66% (CPU time 50 / 76 s = 66%)"
+    assert rows[1][1] == f"{6 * 3600 / 25:.0f} / {6 * 3600 / 38:.0f}"
+    assert rows[2][1] == "25.0/40.0, 27.0/36.0, 24.0/38.0"
+    assert "medians of 3" in rows[0][0]
