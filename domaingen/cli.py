@@ -169,6 +169,13 @@ def _add_collect_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--fields", nargs="+", default=None, metavar="GLOB",
                    help="also tabulate record fields matching these globs (e.g. 'modreg_*_kept_fraction') at "
                         "each trial's selected checkpoint, mean ± error over trials")
+    p.add_argument("--trajectories", nargs="+", default=None, metavar="GLOB",
+                   help="instead of tables: per dataset and algorithm, the mean over runs of the record fields "
+                        "matching these globs at every checkpoint step (e.g. 'modreg_*kept_fraction')")
+    p.add_argument("--draws", action="store_true",
+                   help="instead of tables: per algorithm, every hparams draw with the hyperparameters that vary, "
+                        "training-domain validation and test accuracy per dataset and validation averaged over "
+                        "datasets, best first; with --fields, those fields at each run's last checkpoint")
     p.add_argument("--allow_mixed_sources", action="store_true",
                    help="tabulate runs of one dataset that come from different data sources together "
                         "(default: refuse; the captions then name every source)")

@@ -212,10 +212,28 @@ def collect_command(ns: argparse.Namespace) -> int:
     pairs = parse_pairs(ns.paired)
     if ns.top_hparams and (pairs is not None or ns.fields):
         raise DomaingenError("--paired and --fields add tables; --top_hparams prints none: use one or the other")
+    views = [name for name, on in (("--top_hparams", ns.top_hparams), ("--trajectories", ns.trajectories),
+                                   ("--draws", ns.draws)) if on]
+    if len(views) > 1 or (views and views[0] != "--top_hparams" and pairs is not None):
+        raise DomaingenError(f"{' and '.join(views + (['--paired'] if pairs is not None else []))} each replace "
+                             "the tables: use one of them")
+    if ns.trajectories and ns.fields:
+        raise DomaingenError("--trajectories names its fields itself; drop --fields (it adds fields to tables "
+                             "and to --draws)")
     load_recorded_plugins(ns.input_dir)
     reference = pd.concat([read_reference(f) for f in ns.reference], ignore_index=True) if ns.reference else None
     collection = collect(ns.input_dir, allow_mixed_sources=ns.allow_mixed_sources)
     _add_unlaunched_jobs(collection, ns.input_dir)
+    if ns.trajectories or ns.draws:
+        from domaingen.sweep_views import draws_table, render, trajectories
+
+        if ns.trajectories:
+            text = render(trajectories(collection.records, ns.trajectories),
+                          "mean over runs at each checkpoint", ns.format)
+        else:
+            text = render(draws_table(collection.records, ns.fields),
+                          "every hparams draw, training-domain validation (accuracies in %)", ns.format)
+        return _write(text, ns.output)
     methods = ns.selection
     if methods is None:
         has_pairs = (collection.records["test_envs"].map(len) == 2).any()
@@ -236,13 +254,18 @@ def collect_command(ns: argparse.Namespace) -> int:
             text = to_latex(tables, collection, ns.show_trials, ns.bare, ns.error)
         else:
             text = to_csv(tables, ns.error)
-    if ns.output:
+    return _write(text, ns.output)
+
+
+def _write(text: str, output: str | None) -> int:
+    """`text` into `output`, or to stdout when None."""
+    if output:
         try:
-            Path(ns.output).parent.mkdir(parents=True, exist_ok=True)
-            Path(ns.output).write_text(text)
+            Path(output).parent.mkdir(parents=True, exist_ok=True)
+            Path(output).write_text(text)
         except OSError as exc:
-            raise DomaingenError(f"cannot write {ns.output}: {exc.strerror}") from None
-        print(f"wrote {ns.output}")
+            raise DomaingenError(f"cannot write {output}: {exc.strerror}") from None
+        print(f"wrote {output}")
     else:
         sys.stdout.write(text)
     return 0
