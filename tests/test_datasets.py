@@ -11,6 +11,7 @@ import torch
 from PIL import Image
 
 from domaingen.datasets import DATASETS, split_environments
+from domaingen.datasets import mnist
 from domaingen.datasets.mnist import ColoredMNIST, RotatedMNIST, load_mnist
 from domaingen.errors import DataNotFoundError
 
@@ -134,7 +135,43 @@ def test_missing_mnist_says_where_and_how(tmp_path, monkeypatch):
     assert "--data_dir embedded" in message
 
 
-def test_a_colored_mnist_job_does_not_import_torchvision(tmp_path):
+def test_loader_gives_torchvision_s_tensors_and_reads_gzipped_files(mnist_dir, tmp_path):
+    import shutil
+
+    from torchvision.datasets import MNIST
+
+    digits = load_mnist(str(mnist_dir))
+    parts = [MNIST(str(mnist_dir), train=train, download=False) for train in (True, False)]
+    assert torch.equal(digits.images, torch.cat([p.data for p in parts]))
+    assert torch.equal(digits.labels, torch.cat([p.targets for p in parts]))
+    raw = tmp_path / "MNIST" / "raw"
+    raw.mkdir(parents=True)
+    for name in mnist.MNIST_FILES:  # only the .gz files, as some mirrors ship them
+        shutil.copy(mnist_dir / "MNIST" / "raw" / f"{name}.gz", raw)
+    gzipped = load_mnist(str(tmp_path), download=False)
+    assert torch.equal(gzipped.images, digits.images) and torch.equal(gzipped.labels, digits.labels)
+
+
+def test_a_damaged_mnist_file_is_named_in_one_message(tmp_path):
+    raw = tmp_path / "MNIST" / "raw"
+    raw.mkdir(parents=True)
+    images = bytes([0, 0, 8, 3]) + (2).to_bytes(4, "big") + (28).to_bytes(4, "big") * 2
+    labels = bytes([0, 0, 8, 1]) + (2).to_bytes(4, "big") + bytes([3, 7])
+    for part in ("train", "t10k"):
+        (raw / f"{part}-images-idx3-ubyte").write_bytes(images + bytes(2 * 28 * 28))
+        (raw / f"{part}-labels-idx1-ubyte").write_bytes(labels)
+    digits = load_mnist(str(tmp_path), download=False)  # a well-formed tiny set reads as it is
+    assert digits.images.shape == (4, 28, 28) and digits.labels.tolist() == [3, 7, 3, 7]
+    (raw / "t10k-images-idx3-ubyte").write_bytes(images + bytes(28 * 28))  # one image short
+    with pytest.raises(DataNotFoundError, match="t10k-images-idx3-ubyte holds 784 bytes after its header, "
+                                                "its shape \\[2, 28, 28\\] needs 1568"):
+        load_mnist(str(tmp_path), download=False)
+    (raw / "t10k-images-idx3-ubyte").write_bytes(b"<html>not found</html>")
+    with pytest.raises(DataNotFoundError, match="t10k-images-idx3-ubyte is not an IDX file of unsigned bytes"):
+        load_mnist(str(tmp_path), download=False)
+
+
+def test_a_colored_mnist_job_does_not_import_torchvision(tmp_path, mnist_dir):
     """torchvision's import (about a second, a large share of a short job) is paid only where it is used."""
     import subprocess
     import sys
@@ -142,7 +179,7 @@ def test_a_colored_mnist_job_does_not_import_torchvision(tmp_path):
     code = (
         "import sys\n"
         "from domaingen.cli import main\n"
-        f"main(['-q', 'train', '--dataset', 'ColoredMNIST', '--algorithm', 'ERM', '--data_dir', 'embedded',\n"
+        f"main(['-q', 'train', '--dataset', 'ColoredMNIST', '--algorithm', 'ERM', '--data_dir', {str(mnist_dir)!r},\n"
         f"      '--output_dir', {str(tmp_path / 'run')!r}, '--steps', '2', '--checkpoint_freq', '2',\n"
         "      '--hparams', '{\"featurizer\": \"MLP\", \"mlp_width\": 16}'])\n"
         "print(sorted(m for m in sys.modules if m.split('.')[0] == 'torchvision'))\n"

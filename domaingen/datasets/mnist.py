@@ -94,12 +94,12 @@ def load_mnist(data_dir: str, download: bool = True) -> DigitImages:
     """
     if data_dir == EMBEDDED:
         return load_embedded_digits()
-    from torchvision.datasets import MNIST
-
     raw = data_path(data_dir, "MNIST", "raw")
     if not _have_raw_files(raw):
         if not download:
             raise DataNotFoundError(_missing_mnist_message(str(raw), "download disabled"))
+        from torchvision.datasets import MNIST
+
         log.info("MNIST not found in %s; downloading it with torchvision", raw)
         chatter = io.StringIO()  # torchvision prints its progress; keep the CLI's output to our own lines
         try:
@@ -110,15 +110,47 @@ def load_mnist(data_dir: str, download: bool = True) -> DigitImages:
             reason = " ".join(f"{type(exc).__name__}: {exc}".split())[:200]
             raise DataNotFoundError(_missing_mnist_message(str(raw), reason)) from None
         log.debug("torchvision download: %s", chatter.getvalue())
-    parts = []
-    for train in (True, False):
-        try:
-            parts.append(MNIST(str(data_path(data_dir)), train=train, download=False))
-        except RuntimeError as exc:
-            raise DataNotFoundError(_missing_mnist_message(str(raw), str(exc))) from None
-    images = torch.cat([p.data for p in parts]).to(torch.uint8)
-    labels = torch.cat([p.targets for p in parts]).long()
-    return DigitImages(images, labels, f"MNIST-{len(labels)}")
+    try:
+        images = torch.cat([read_idx(_raw_file(raw, f"{part}-images-idx3-ubyte")) for part in ("train", "t10k")])
+        labels = torch.cat([read_idx(_raw_file(raw, f"{part}-labels-idx1-ubyte")) for part in ("train", "t10k")])
+    except (OSError, ValueError) as exc:
+        raise DataNotFoundError(_missing_mnist_message(str(raw), str(exc))) from None
+    if images.shape[1:] != (28, 28) or len(images) != len(labels):
+        raise DataNotFoundError(_missing_mnist_message(
+            str(raw), f"unexpected shapes: images {tuple(images.shape)}, labels {tuple(labels.shape)}"))
+    return DigitImages(images, labels.long(), f"MNIST-{len(labels)}")
+
+
+def _raw_file(raw_dir, name: str):
+    """The file itself, else its .gz (torchvision keeps both after a download)."""
+    plain = raw_dir / name
+    return plain if plain.exists() else raw_dir / f"{name}.gz"
+
+
+def read_idx(path) -> torch.Tensor:
+    """An IDX file of unsigned bytes (MNIST's format; gzipped if the name ends in .gz) as a uint8 tensor.
+
+    Read here rather than through torchvision.datasets.MNIST, whose import (all of
+    torchvision, about a second) a short MNIST job would otherwise pay; the result is
+    the same tensor (tests/test_datasets.py compares them on the real files).
+    """
+    import gzip
+    from pathlib import Path
+
+    path = Path(path)
+    data = gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes()
+    if len(data) < 4 or data[0] != 0 or data[1] != 0 or data[2] != 0x08:
+        raise ValueError(f"{path.name} is not an IDX file of unsigned bytes")
+    ndim = data[3]
+    header = 4 + 4 * ndim
+    shape = [int.from_bytes(data[4 + 4 * i: 8 + 4 * i], "big") for i in range(ndim)]
+    count = 1
+    for n in shape:
+        count *= n
+    if len(data) != header + count:
+        raise ValueError(f"{path.name} holds {len(data) - header} bytes after its header, its shape {shape} "
+                         f"needs {count}")
+    return torch.frombuffer(bytearray(data[header:]), dtype=torch.uint8).reshape(shape)
 
 
 class MNISTDomains(MultiDomainDataset):
