@@ -86,9 +86,20 @@ def _holder_pid(run: Path) -> int | None:
     return int(words[words.index("pid") + 1]) if "pid" in words else None
 
 
+# Long enough (about a second a job) that the job found between its first checkpoint and its
+# third record is still running when the kill lands: with 40 steps of 1 ms a job could finish,
+# and its worker move on to the next job, between the poll that chose it and the kill.
+LONG_SPEC = SPEC.replace("steps = 40\ncheckpoint_freq = 10", "steps = 1000\ncheckpoint_freq = 100")
+
+
+def _records(run: Path) -> int:
+    return len((run / "results.jsonl").read_text().splitlines())
+
+
 def test_a_worker_killed_mid_job_is_retried_and_resumes(tmp_path, capsys, local_ray):
     spec, out, straight = tmp_path / "spec.toml", tmp_path / "sweep", tmp_path / "straight"
-    spec.write_text(SPEC)
+    assert LONG_SPEC != SPEC
+    spec.write_text(LONG_SPEC)
     jobs = build_jobs(load_spec(spec))
     results = []
     runner = threading.Thread(target=lambda: results.extend(
@@ -99,7 +110,8 @@ def test_a_worker_killed_mid_job_is_retried_and_resumes(tmp_path, capsys, local_
     while victim is None and time.time() < deadline:
         for run in out.glob("*/results.jsonl") if out.exists() else []:
             # a checkpoint, written right after the first record, is what a resume starts from
-            if (run.parent / "checkpoint.pt").exists() and not (run.parent / "done").exists():
+            if (run.parent / "checkpoint.pt").exists() and _records(run.parent) <= 2 \
+                    and not (run.parent / "done").exists():
                 victim, pid = run.parent, _holder_pid(run.parent)
                 break
         time.sleep(0.05)
@@ -111,7 +123,7 @@ def test_a_worker_killed_mid_job_is_retried_and_resumes(tmp_path, capsys, local_
     assert {r.state for r in results} == {"done"}, [(r.state, r.message) for r in results]
     assert "resuming from step" in (victim / "log.txt").read_text()
     steps = [json.loads(line)["step"] for line in (victim / "results.jsonl").read_text().splitlines()]
-    assert steps == [0, 10, 20, 30, 39]
+    assert steps == [*range(0, 1000, 100), 999]
     # same resume semantics as the other launchers: a relaunch finds nothing to do
     code, stdout, _ = cli(capsys, *launch_argv(spec, out, "--launcher", "ray"))
     assert code == 0 and "nothing to launch" in stdout
