@@ -102,6 +102,10 @@ def _add_sweep_parser(sub: argparse._SubParsersAction) -> None:
             a.add_argument("--workers", type=int, default=2, help="parallel: processes at once")
             a.add_argument("--threads", type=int, default=None, help="torch threads per job (default: cores / workers)")
             a.add_argument("--dry", action="store_true", help="print the commands only")
+            a.add_argument("--order", choices=["spec", "trial"], default="spec",
+                           help="spec: the spec's order (part, dataset, algorithm, ...); trial: every job of "
+                                "trial 0 first, then trial 1, ... (stop a long sweep early and every "
+                                "algorithm has the same finished trials to compare)")
             a.add_argument("--yes", "-y", action="store_true", help="do not ask for confirmation")
             a.add_argument("--force", action="store_true", help="launch a different spec into this output_dir")
             a.add_argument("--retry_failed", action="store_true", help="also rerun failed jobs")

@@ -257,6 +257,12 @@ def build_jobs(spec: SweepSpec) -> list[Job]:
     return jobs
 
 
+def trial_major(jobs: Sequence[Job]) -> list[Job]:
+    """The jobs of trial 0 first (in their given order), then trial 1, ...: a sweep stopped early
+    leaves every algorithm with the same finished trials, so their comparison pairs by restart."""
+    return sorted(jobs, key=lambda job: int(job.args.get("trial_seed", 0)))
+
+
 def job_states(jobs: Iterable[Job], sweep_dir: str | os.PathLike) -> dict[str, str]:
     """job_id -> done / incomplete / failed / not launched, read from the disk."""
     return {job.job_id: RunDirectory(job.directory(sweep_dir)).state() for job in jobs}

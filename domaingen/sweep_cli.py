@@ -28,6 +28,7 @@ from domaingen.sweep import (
     parse_spec,
     prepare_sweep_dir,
     read_recorded_spec,
+    trial_major,
 )
 
 log = logging.getLogger(__name__)
@@ -165,6 +166,8 @@ def _launch(spec, jobs, ns) -> int:
         f"{counts.get(FAILED_STATE, 0)} failed ({'to retry' if ns.retry_failed else 'skipped; --retry_failed reruns them'}), "
         f"{counts.get(NOT_LAUNCHED, 0)} not launched"
     )
+    if getattr(ns, "order", "spec") == "trial":
+        todo = trial_major(todo)
     queued = active_jobs(ns.output_dir, [job.job_id for job in todo])
     if queued:
         print(f"{len(queued)} of them queued or running in Slurm ({describe(queued)}): not submitted again")

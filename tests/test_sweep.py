@@ -134,6 +134,38 @@ def test_flags_build_the_same_job_list_as_a_spec(tmp_path, capsys):
     assert not (tmp_path / "s").exists()  # a dry run writes nothing
 
 
+def _dry_commands(capsys, spec_path: Path, out: Path, *extra: str) -> list[str]:
+    code, stdout, _ = cli(capsys, "sweep", "launch", "--spec", str(spec_path), "--output_dir", str(out), "--dry", *extra)
+    assert code == 0
+    return [line for line in stdout.splitlines() if line.startswith("domaingen train")]
+
+
+def _flag(command: str, name: str) -> str:
+    words = command.split()
+    return words[words.index(name) + 1]
+
+
+def test_trial_order_runs_every_job_of_a_trial_before_the_next_trial(tmp_path, capsys):
+    spec_path = write_spec(tmp_path)
+    by_spec = _dry_commands(capsys, spec_path, tmp_path / "s")
+    by_trial = _dry_commands(capsys, spec_path, tmp_path / "s", "--order", "trial")
+    assert sorted(by_spec) == sorted(by_trial) and len(by_trial) == 12
+    trials = [int(_flag(c, "--trial_seed")) for c in by_trial]
+    assert trials == [0] * 6 + [1] * 6
+    # within a trial, the spec's order is kept: algorithm-major over the test environments
+    assert [(_flag(c, "--algorithm"), _flag(c, "--test_envs")) for c in by_trial[:6]] == \
+        [(a, e) for a in ("ERM", "VREx") for e in ("0", "1", "2")]
+    assert by_spec != by_trial and [int(_flag(c, "--trial_seed")) for c in by_spec][:2] == [0, 1]
+
+
+def test_an_unknown_order_is_refused_by_name(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["sweep", "launch", "--spec", str(write_spec(tmp_path)), "--output_dir", str(tmp_path / "s"),
+              "--order", "random"])
+    assert exit_info.value.code == 2
+    assert "argument --order: invalid choice: 'random' (choose from spec, trial)" in capsys.readouterr().err.replace("'spec', 'trial'", "spec, trial")
+
+
 def test_end_to_end_table_equals_direct_computation(tmp_path, capsys):
     spec, out = write_spec(tmp_path), tmp_path / "sweep"
     code, stdout, _ = cli(capsys, *launch_args(spec, out))
