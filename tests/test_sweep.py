@@ -121,6 +121,20 @@ def test_modreg_table1_spec_runs_both_protocols():
     assert len(by_net["MNIST_CNN"]) == 4 * 3 * 2 and len(jobs) == 40 + 12 + 24
 
 
+def test_modreg_table1_cpu_spec_is_part_1_of_the_full_spec_in_bf16_and_a_shorter_cnn_part():
+    from domaingen.sweep import load_spec
+
+    sweeps = Path(__file__).resolve().parents[1] / "sweeps"
+    full, cpu = (build_jobs(load_spec(sweeps / name)) for name in ("modreg_table1.toml", "modreg_table1_cpu.toml"))
+    mlp = lambda jobs: [{**j.args, "precision": None} for j in jobs if j.args["dataset"] == "IRMColoredMNIST"]
+    assert mlp(cpu) == mlp(full) and len(mlp(cpu)) == 40
+    assert {j.args["precision"] for j in cpu} == {"bf16"}
+    cnn = [j.args for j in cpu if j.args["dataset"] != "IRMColoredMNIST"]
+    assert len(cnn) == 24 and {a["steps"] for a in cnn} == {1001} and {a["trial_seed"] for a in cnn} == {0, 1, 2}
+    assert {(a["dataset"], tuple(a["test_envs"]), a["hparams"]["featurizer"]) for a in cnn} == \
+        {("ColoredMNIST", (2,), "MNIST_CNN"), ("RotatedMNIST", (0,), "MNIST_CNN")}
+
+
 def test_flags_build_the_same_job_list_as_a_spec(tmp_path, capsys):
     spec_path = write_spec(tmp_path)
     code, from_spec, _ = cli(capsys, "sweep", "launch", "--spec", str(spec_path), "--output_dir", str(tmp_path / "s"), "--dry")
