@@ -180,6 +180,9 @@ def _add_collect_parser(sub: argparse._SubParsersAction) -> None:
                    help="instead of tables: per algorithm, every hparams draw with the hyperparameters that vary, "
                         "training-domain validation and test accuracy per dataset and validation averaged over "
                         "datasets, best first; with --fields, those fields at each run's last checkpoint")
+    p.add_argument("--datasets", nargs="+", metavar="DATASET",
+                   help="tabulate only these datasets' runs (e.g. one part of a sweep whose parts differ "
+                        "in their datasets)")
     p.add_argument("--allow_mixed_sources", action="store_true",
                    help="tabulate runs of one dataset that come from different data sources together "
                         "(default: refuse; the captions then name every source)")

@@ -14,6 +14,7 @@ import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Sequence
 
 import pandas as pd
 
@@ -129,6 +130,26 @@ def collect(input_dir: str | os.PathLike, allow_mixed_sources: bool = False) -> 
     if not allow_mixed_sources:
         check_data_sources(records)
     return Collection(records, failed, incomplete, pd.DataFrame(run_rows))
+
+
+def only_datasets(collection: Collection, datasets: Sequence[str], where: str) -> Collection:
+    """The part of `collection` that belongs to `datasets` (records, runs, failed and incomplete ones);
+    a name with no run under `where` is an error that lists the datasets there."""
+    present = sorted({str(d) for d in collection.runs.get("dataset", pd.Series(dtype=object)).dropna()}
+                     | set(collection.records["dataset"].dropna().astype(str)))
+    unknown = [name for name in datasets if name not in present]
+    if unknown:
+        raise DomaingenError(f"--datasets {' '.join(unknown)}: no run of {', '.join(unknown)} in {where} "
+                             f"(its datasets: {', '.join(present)})")
+    wanted = set(datasets)
+    runs = collection.runs[collection.runs["dataset"].isin(wanted)] if len(collection.runs) else collection.runs
+    kept = set(runs["run"]) if len(runs) else set()
+    records = collection.records[collection.records["dataset"].isin(wanted)].reset_index(drop=True)
+    if records.empty:
+        raise DomaingenError(f"no finished runs of {', '.join(datasets)} in {where} "
+                             f"({len(kept)} runs of them, none done); launch or resume the sweep first")
+    return Collection(records, [(run, why) for run, why in collection.failed if run in kept],
+                      [run for run in collection.incomplete if run in kept], runs.reset_index(drop=True))
 
 
 def data_sources(records: pd.DataFrame) -> list[str]:

@@ -204,7 +204,7 @@ def load_recorded_plugins(sweep_dir: str) -> None:
 def collect_command(ns: argparse.Namespace) -> int:
     import pandas as pd
 
-    from domaingen.collect import collect
+    from domaingen.collect import collect, only_datasets
     from domaingen.comparisons import field_tables, paired_tables, parse_pairs
     from domaingen.reference import read_reference
     from domaingen.reporting import build_tables, to_csv, to_latex, to_markdown
@@ -227,6 +227,8 @@ def collect_command(ns: argparse.Namespace) -> int:
     reference = pd.concat([read_reference(f) for f in ns.reference], ignore_index=True) if ns.reference else None
     collection = collect(ns.input_dir, allow_mixed_sources=ns.allow_mixed_sources)
     _add_unlaunched_jobs(collection, ns.input_dir)
+    if getattr(ns, "datasets", None):
+        collection = only_datasets(collection, ns.datasets, ns.input_dir)
     if ns.trajectories or ns.draws:
         from domaingen.sweep_views import draws_table, render, trajectories
 

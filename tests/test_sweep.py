@@ -365,3 +365,57 @@ def test_slurm_jobs_requeue_themselves_with_the_same_arguments():
     again = job.checkpoint(chunk, 2, 64)
     assert isinstance(again, submitit.helpers.DelayedSubmission)
     assert again.function is job and again.args == (chunk, 2, 64)
+
+
+TWO_DATASETS = """
+algorithms = ["ERM"]
+n_hparams = 1
+n_trials = 1
+steps = 4
+checkpoint_freq = 2
+
+[hparams]
+featurizer = "MLP"
+mlp_width = 16
+batch_size = 16
+
+[[parts]]
+datasets = ["ColoredMNIST"]
+test_envs = [[2]]
+
+[[parts]]
+datasets = ["RotatedMNIST"]
+test_envs = [[0], [1]]
+"""
+
+
+def test_collect_datasets_tabulates_one_part_as_if_it_were_alone(tmp_path, capsys):
+    import shutil
+
+    spec, out, alone = tmp_path / "spec.toml", tmp_path / "sweep", tmp_path / "alone"
+    spec.write_text(TWO_DATASETS)
+    assert cli(capsys, *launch_args(spec, out))[0] == 0
+    alone.mkdir()
+    for run in out.iterdir():
+        if run.is_dir() and json.loads((run / "args.json").read_text())["dataset"] == "RotatedMNIST":
+            shutil.copytree(run, alone / run.name)
+    code, part, _ = cli(capsys, "collect", "--input_dir", str(out), "--datasets", "RotatedMNIST", "--format", "csv")
+    assert code == 0 and part == cli(capsys, "collect", "--input_dir", str(alone), "--format", "csv")[1]
+    assert "RotatedMNIST" in part and "ColoredMNIST" not in part
+    code, both, _ = cli(capsys, "collect", "--input_dir", str(out), "--datasets", "RotatedMNIST", "ColoredMNIST")
+    assert code == 0 and "### ColoredMNIST" in both and "### RotatedMNIST" in both
+    # a run left undone is counted with its own dataset only
+    victim = next(run for run in out.iterdir() if (run / "args.json").exists()
+                  and json.loads((run / "args.json").read_text())["dataset"] == "RotatedMNIST")
+    (victim / "done").unlink()
+    text = cli(capsys, "collect", "--input_dir", str(out), "--datasets", "ColoredMNIST")[1]
+    assert "Incomplete" not in text and "1 done runs" in text
+
+
+def test_collect_datasets_names_what_the_directory_holds_when_a_name_is_absent(tmp_path, capsys):
+    spec, out = tmp_path / "spec.toml", tmp_path / "sweep"
+    spec.write_text(TWO_DATASETS)
+    assert cli(capsys, *launch_args(spec, out))[0] == 0
+    code, _, err = cli(capsys, "collect", "--input_dir", str(out), "--datasets", "PACS")
+    assert code == 2 and err.strip() == (f"domaingen: error: --datasets PACS: no run of PACS in {out} "
+                                         "(its datasets: ColoredMNIST, RotatedMNIST)")
