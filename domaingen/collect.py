@@ -144,7 +144,9 @@ def only_datasets(collection: Collection, datasets: Sequence[str], where: str) -
     wanted = set(datasets)
     runs = collection.runs[collection.runs["dataset"].isin(wanted)] if len(collection.runs) else collection.runs
     kept = set(runs["run"]) if len(runs) else set()
-    records = collection.records[collection.records["dataset"].isin(wanted)].reset_index(drop=True)
+    # fields only the other datasets' runs record (their environments, their layers) go too
+    records = collection.records[collection.records["dataset"].isin(wanted)].dropna(axis=1, how="all")
+    records = records.reset_index(drop=True)
     if records.empty:
         raise DomaingenError(f"no finished runs of {', '.join(datasets)} in {where} "
                              f"({len(kept)} runs of them, none done); launch or resume the sweep first")

@@ -402,6 +402,16 @@ def test_collect_datasets_tabulates_one_part_as_if_it_were_alone(tmp_path, capsy
     code, part, _ = cli(capsys, "collect", "--input_dir", str(out), "--datasets", "RotatedMNIST", "--format", "csv")
     assert code == 0 and part == cli(capsys, "collect", "--input_dir", str(alone), "--format", "csv")[1]
     assert "RotatedMNIST" in part and "ColoredMNIST" not in part
+    # --fields sees only the fields of the chosen datasets' records (RotatedMNIST has env3-env5)
+    colored = tmp_path / "colored"
+    colored.mkdir()
+    for run in out.iterdir():
+        if run.is_dir() and json.loads((run / "args.json").read_text())["dataset"] == "ColoredMNIST":
+            shutil.copytree(run, colored / run.name)
+    fields = ("--fields", "env*_out_acc", "--format", "csv")
+    code, part, _ = cli(capsys, "collect", "--input_dir", str(out), "--datasets", "ColoredMNIST", *fields)
+    assert code == 0 and part == cli(capsys, "collect", "--input_dir", str(colored), *fields)[1]
+    assert "env2_out_acc" in part and "env3_out_acc" not in part
     code, both, _ = cli(capsys, "collect", "--input_dir", str(out), "--datasets", "RotatedMNIST", "ColoredMNIST")
     assert code == 0 and "### ColoredMNIST" in both and "### RotatedMNIST" in both
     # a run left undone is counted with its own dataset only
