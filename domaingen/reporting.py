@@ -436,7 +436,8 @@ def _footer(collection: Collection) -> str:
 
 
 LATEX_ESCAPES = {"\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#", "_": r"\_",
-                 "{": r"\{", "}": r"\}", "~": r"\textasciitilde{}", "^": r"\textasciicircum{}"}
+                 "{": r"\{", "}": r"\}", "~": r"\textasciitilde{}", "^": r"\textasciicircum{}",
+                 "\u2212": r"$-$"}  # the minus of collect --paired's row labels; pdflatex has no glyph for it
 
 
 def latex_escape(text: str) -> str:

@@ -28,6 +28,7 @@ def collection() -> Collection:
 def test_latex_escapes_special_characters():
     assert latex_escape("+90%") == r"+90\%"
     assert latex_escape("a_b & c#") == r"a\_b \& c\#"
+    assert latex_escape("ERM+ModReg \u2212 ERM") == r"ERM+ModReg $-$ ERM"  # collect --paired's labels
 
 
 def test_latex_document_structure(collection):
