@@ -85,6 +85,9 @@ def _add_sweep_parser(sub: argparse._SubParsersAction) -> None:
     ):
         a = actions.add_parser(name, help=text)
         a.add_argument("--spec", help="TOML sweep spec (flags below override its keys)")
+        a.add_argument("--parts", nargs="+", type=int, metavar="N",
+                       help="only these [[parts]] of the spec (1-based, in the file's order), as a sweep of "
+                            "their own: its output_dir records only them")
         a.add_argument("--output_dir", required=True)
         a.add_argument("--data_dir", default=None)
         a.add_argument("--algorithms", nargs="+")

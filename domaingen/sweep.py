@@ -219,6 +219,20 @@ def environment_sets(spec: SweepSpec, dataset: str) -> list[list[int]]:
     return sets
 
 
+def select_parts(data: dict[str, Any], parts: Sequence[int], source: str) -> dict[str, Any]:
+    """Spec data keeping only the [[parts]] numbered in `parts` (1-based, the file's order): one part of
+    a long sweep launched, resumed and collected as a sweep of its own (its sweep.json records only it)."""
+    available = data.get("parts") or []
+    if not available:
+        raise SpecError(f"--parts: {source} has no [[parts]]; launch it whole")
+    bad = [n for n in parts if not 1 <= n <= len(available)]
+    if bad:
+        raise SpecError(f"--parts {' '.join(map(str, bad))}: {source} has parts 1 to {len(available)}")
+    if len(set(parts)) != len(parts):
+        raise SpecError(f"--parts names a part twice ({' '.join(map(str, parts))})")
+    return {**data, "parts": [available[n - 1] for n in parts]}
+
+
 def build_jobs(spec: SweepSpec) -> list[Job]:
     """Every job of the spec (of each of its parts, in order), in a deterministic order."""
     if spec.parts:

@@ -26,6 +26,7 @@ from domaingen.sweep import (
     job_states,
     load_spec,
     parse_spec,
+    select_parts,
     prepare_sweep_dir,
     read_recorded_spec,
     trial_major,
@@ -52,6 +53,8 @@ def spec_from_args(ns: argparse.Namespace):
         spec = load_spec(ns.spec)
         data = {k: v for k, v in spec.canonical().items() if v is not None}
         source = ns.spec
+    if getattr(ns, "parts", None):
+        data = select_parts(data, ns.parts, source)
     for key in FLAG_KEYS:
         value = getattr(ns, key, None)
         if value is not None:

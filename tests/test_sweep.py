@@ -429,3 +429,75 @@ def test_collect_datasets_names_what_the_directory_holds_when_a_name_is_absent(t
     code, _, err = cli(capsys, "collect", "--input_dir", str(out), "--datasets", "PACS")
     assert code == 2 and err.strip() == (f"domaingen: error: --datasets PACS: no run of PACS in {out} "
                                          "(its datasets: ColoredMNIST, RotatedMNIST)")
+
+
+THREE_PARTS = """
+algorithms = ["ERM"]
+n_hparams = 1
+n_trials = 2
+steps = 4
+checkpoint_freq = 2
+
+[hparams]
+featurizer = "MLP"
+mlp_width = 16
+batch_size = 16
+
+[[parts]]
+datasets = ["ColoredMNIST"]
+test_envs = [[2]]
+
+[[parts]]
+datasets = ["RotatedMNIST"]
+test_envs = [[0]]
+
+[[parts]]
+datasets = ["ColoredMNIST"]
+test_envs = [[0]]
+n_trials = 1
+"""
+
+
+def test_parts_launch_one_part_as_a_sweep_of_its_own(tmp_path, capsys):
+    spec = tmp_path / "spec.toml"
+    spec.write_text(THREE_PARTS)
+    whole = _dry_commands(capsys, spec, tmp_path / "s")
+    assert len(whole) == 2 + 2 + 1
+    # the same commands as the whole spec's, filtered by what only part 2 (and 3) has, in the given order
+    assert _dry_commands(capsys, spec, tmp_path / "s", "--parts", "2") == \
+        [c for c in whole if _flag(c, "--dataset") == "RotatedMNIST"]
+    part3 = [c for c in whole if _flag(c, "--test_envs") == "0" and _flag(c, "--dataset") == "ColoredMNIST"]
+    assert _dry_commands(capsys, spec, tmp_path / "s", "--parts", "3", "2") == \
+        part3 + [c for c in whole if _flag(c, "--dataset") == "RotatedMNIST"]
+    out = tmp_path / "part2"
+    assert cli(capsys, *launch_args(spec, out, "--parts", "2"))[0] == 0
+    recorded = json.loads((out / "sweep.json").read_text())
+    assert [p["datasets"] for p in recorded["parts"]] == [["RotatedMNIST"]]
+    runs = [json.loads((r / "args.json").read_text()) for r in out.iterdir() if (r / "done").exists()]
+    assert sorted((r["dataset"], r["trial_seed"]) for r in runs) == [("RotatedMNIST", 0), ("RotatedMNIST", 1)]
+    # resuming it needs the same --parts; the whole spec is a different sweep for this directory
+    code, stdout, _ = cli(capsys, *launch_args(spec, out, "--parts", "2"))
+    assert code == 0 and "2 jobs: 2 done" in stdout
+    code, _, err = cli(capsys, *launch_args(spec, out))
+    assert code == 2 and "holds a sweep with a different spec (differs in: parts)" in err
+
+
+@pytest.mark.parametrize("parts, message", [
+    (["4"], "--parts 4: SPEC has parts 1 to 3"),
+    (["0", "2"], "--parts 0: SPEC has parts 1 to 3"),
+    (["2", "2"], "--parts names a part twice (2 2)"),
+])
+def test_bad_parts_are_refused_in_one_line(tmp_path, capsys, parts, message):
+    spec = tmp_path / "spec.toml"
+    spec.write_text(THREE_PARTS)
+    code, _, err = cli(capsys, "sweep", "launch", "--spec", str(spec), "--output_dir", str(tmp_path / "o"), "--dry",
+                       "--parts", *parts)
+    assert code == 2 and message.replace("SPEC", str(spec)) in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "o").exists()
+
+
+def test_parts_of_a_spec_without_parts_is_refused(tmp_path, capsys):
+    spec = write_spec(tmp_path)
+    code, _, err = cli(capsys, "sweep", "launch", "--spec", str(spec), "--output_dir", str(tmp_path / "o"), "--dry",
+                       "--parts", "1")
+    assert code == 2 and f"--parts: {spec} has no [[parts]]; launch it whole" in err
