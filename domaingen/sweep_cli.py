@@ -54,6 +54,8 @@ def spec_from_args(ns: argparse.Namespace):
         data = {k: v for k, v in spec.canonical().items() if v is not None}
         source = ns.spec
     if getattr(ns, "parts", None):
+        if not ns.spec:  # the numbers name the spec file's parts; a recorded sweep holds only those chosen
+            raise SpecError("--parts needs --spec: it numbers the parts of the spec file")
         data = select_parts(data, ns.parts, source)
     for key in FLAG_KEYS:
         value = getattr(ns, key, None)

@@ -480,6 +480,10 @@ def test_parts_launch_one_part_as_a_sweep_of_its_own(tmp_path, capsys):
     assert code == 0 and "2 jobs: 2 done" in stdout
     code, _, err = cli(capsys, *launch_args(spec, out))
     assert code == 2 and "holds a sweep with a different spec (differs in: parts)" in err
+    code, stdout, _ = cli(capsys, "sweep", "status", "--output_dir", str(out))  # its own recorded spec
+    assert code == 0 and "2 jobs" in stdout and "done" in stdout
+    code, _, err = cli(capsys, "sweep", "status", "--output_dir", str(out), "--parts", "2")
+    assert code == 2 and "--parts needs --spec: it numbers the parts of the spec file" in err
 
 
 @pytest.mark.parametrize("parts, message", [
