@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
+import signal
 import sys
-from typing import Sequence
+import threading
+from typing import Iterator, Sequence
 
 from tabulate import tabulate
 
@@ -313,6 +316,25 @@ def preparse_plugins(argv: Sequence[str]) -> tuple[list[str], list[str]]:
     return split_specs(known.plugins), rest
 
 
+def _raise_interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
+@contextlib.contextmanager
+def sigterm_interrupts() -> Iterator[None]:
+    """Within the block a SIGTERM (kill, a scheduler, a timeout) stops the command as Ctrl-C
+    does: a run logs the interrupt and keeps its last checkpoint, and a sweep launcher
+    stops its workers instead of leaving them running. Restores the previous handler."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, _raise_interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `domaingen` console command; returns the exit status."""
     from domaingen.plugins import load_plugins
@@ -333,7 +355,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         stream=sys.stderr,
     )
     try:
-        return COMMANDS[ns.command](ns)
+        with sigterm_interrupts():
+            return COMMANDS[ns.command](ns)
     except DomaingenError as exc:
         print(f"domaingen: error: {exc}", file=sys.stderr)
         return 2

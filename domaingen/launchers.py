@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
+import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
@@ -117,8 +119,59 @@ def chunks(items: Sequence[Any], size: int) -> list[list[Any]]:
 
 
 def _cached_job(job_id: str, config_kwargs: Mapping[str, Any], threads: int | None) -> JobResult:
-    """run_job with the worker process's dataset cache (what a parallel worker runs)."""
-    return run_job(job_id, config_kwargs, threads, worker_cache())
+    """run_job with the worker process's dataset cache (what a parallel worker runs).
+
+    An interrupt ends the job (its run logs it and keeps its last checkpoint) and then
+    the worker process, so that the pool cannot hand it the next job.
+    """
+    _WORKER_STATE["running_job"] = True
+    try:
+        return run_job(job_id, config_kwargs, threads, worker_cache())
+    except KeyboardInterrupt:
+        os._exit(130)
+    finally:
+        _WORKER_STATE["running_job"] = False
+
+
+def _collect_results(pool: ProcessPoolExecutor, futures: Sequence[Any], options: LaunchOptions) -> list[JobResult]:
+    """The futures' results as they finish; on an interrupt (Ctrl-C, or SIGTERM through the
+    CLI) the pending jobs are cancelled and the workers stopped before it propagates."""
+    results = []
+    try:
+        with _progress(len(futures), options) as bar:
+            for future in as_completed(futures):
+                results.append(future.result())
+                bar.update(1)
+    except KeyboardInterrupt:
+        _stop_workers(pool, futures)
+        raise
+    return results
+
+
+def _stop_workers(pool: ProcessPoolExecutor, futures: Sequence[Any]) -> None:
+    """Cancel what has not started and interrupt the running jobs, killing a worker that
+    does not stop within STOP_TIMEOUT_S.
+
+    A terminal's Ctrl-C reaches the workers by itself (they share its process group);
+    a SIGTERM sent to the launcher alone does not, so each worker still alive after
+    INTERRUPT_GRACE_S gets a SIGINT.
+    """
+    for future in futures:
+        future.cancel()
+    # the executor offers no way to stop running calls; its worker processes are the handle
+    processes = list(getattr(pool, "_processes", {}).values())
+    deadline = time.monotonic() + INTERRUPT_GRACE_S
+    for process in processes:
+        process.join(max(0.0, deadline - time.monotonic()))
+    for process in processes:
+        if process.is_alive():
+            os.kill(process.pid, signal.SIGINT)
+    deadline = time.monotonic() + STOP_TIMEOUT_S
+    for process in processes:
+        process.join(max(0.0, deadline - time.monotonic()))
+        if process.is_alive():
+            process.kill()
+    pool.shutdown(wait=False, cancel_futures=True)
 
 
 def _load_job_plugins(config_kwargs: Mapping[str, Any]) -> str | None:
@@ -140,7 +193,24 @@ def _load_job_plugins(config_kwargs: Mapping[str, Any]) -> str | None:
     return None
 
 
+# A parallel worker stops at the first interrupt: its running job ends as interrupted (and
+# resumes from its last checkpoint when relaunched), and the worker takes no further job.
+_WORKER_STATE = {"running_job": False, "stopping": False}
+# Seconds a launcher gives its workers to stop after an interrupt before it kills them.
+INTERRUPT_GRACE_S = 1.0
+STOP_TIMEOUT_S = 60.0
+
+
+def _interrupt_worker(signum: int, frame: Any) -> None:
+    """A parallel worker's SIGINT handler: interrupt the running job once; otherwise exit."""
+    if _WORKER_STATE["running_job"] and not _WORKER_STATE["stopping"]:
+        _WORKER_STATE["stopping"] = True
+        raise KeyboardInterrupt
+    os._exit(130)  # idle between jobs, or interrupted again while stopping: nothing to save
+
+
 def _quiet_worker(threads: int) -> None:
+    signal.signal(signal.SIGINT, _interrupt_worker)
     # workers log only to each run's log.txt; the launcher's progress bar is the console
     logging.getLogger().addHandler(logging.NullHandler())
     logging.getLogger("domaingen").propagate = False
@@ -250,15 +320,10 @@ def _launch_parallel(jobs, sweep_dir, data_dir, options) -> list[JobResult]:
         log.warning("%d workers x %d threads exceed the %d cores", workers, threads, available_cores())
     # spawn, not fork: a forked worker of a process that touched CUDA or OpenMP can hang
     context = multiprocessing.get_context("spawn")
-    results = []
     with ProcessPoolExecutor(workers, mp_context=context, initializer=_start_worker,
                              initargs=(threads, options.dataset_cache_mb)) as pool:
         futures = [pool.submit(_cached_job, job.job_id, _job_kwargs(job, sweep_dir, data_dir), threads) for job in jobs]
-        with _progress(len(jobs), options) as bar:
-            for future in as_completed(futures):
-                results.append(future.result())
-                bar.update(1)
-    return results
+        return _collect_results(pool, futures, options)
 
 
 def _pin_worker(slots: Any, threads: int, cache_mb: float | None = None) -> None:
@@ -289,11 +354,7 @@ def _launch_parallel_gpus(jobs, sweep_dir, data_dir, options, gpus: Sequence[str
     with ProcessPoolExecutor(workers, mp_context=context, initializer=_pin_worker,
                              initargs=(slots, threads, options.dataset_cache_mb)) as pool:
         futures = [pool.submit(_run_pinned, job.job_id, _job_kwargs(job, sweep_dir, data_dir), threads) for job in jobs]
-        with _progress(len(jobs), options) as bar:
-            for future in as_completed(futures):
-                results.append(future.result())
-                bar.update(1)
-    return results
+        return _collect_results(pool, futures, options)
 
 
 class _RequeueableChunk:

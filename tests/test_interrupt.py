@@ -1,0 +1,89 @@
+"""Interrupting a parallel sweep (Ctrl-C, or SIGTERM to the launcher) stops it whole."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import FAST_HPARAMS
+from domaingen.rundir import RunDirectory
+
+N_JOBS = 6  # ColoredMNIST's 3 test environments x 2 trials
+
+
+def _started_runs(sweep_dir: Path) -> list[Path]:
+    return sorted(p.parent for p in sweep_dir.glob("*/args.json"))
+
+
+def _records(run: Path) -> int:
+    return len(RunDirectory(run).records())
+
+
+def _wait_for(condition, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.2)
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+@pytest.mark.parametrize("launcher_name, how", [
+    ("parallel", "SIGTERM to the launcher"),
+    ("parallel", "Ctrl-C (SIGINT to the process group)"),
+    ("local", "SIGTERM to the launcher"),
+])
+def test_an_interrupted_sweep_stops_every_job(tmp_path, mnist_dir, launcher_name, how):
+    sweep_dir = tmp_path / "sweep"
+    workers = 2 if launcher_name == "parallel" else 1
+    command = [
+        sys.executable, "-m", "domaingen", "sweep", "launch", "--algorithms", "ERM", "--datasets", "ColoredMNIST",
+        "--n_hparams", "1", "--n_trials", "2", "--steps", "1000000", "--checkpoint_freq", "50",
+        "--hparams", json.dumps(FAST_HPARAMS), "--output_dir", str(sweep_dir), "--data_dir", str(mnist_dir),
+        "--launcher", launcher_name, "--workers", str(workers), "--threads", "1", "--yes", "--no_progress",
+    ]
+    launcher = subprocess.Popen(command, start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True)
+    try:
+        _wait_for(lambda: len(_started_runs(sweep_dir)) == workers
+                  and all(_records(r) >= 2 for r in _started_runs(sweep_dir)),
+                  timeout=180, what="every worker's run to record two checkpoints")
+        if how.startswith("SIGTERM"):
+            launcher.send_signal(signal.SIGTERM)
+        else:
+            os.killpg(launcher.pid, signal.SIGINT)
+        _, stderr = launcher.communicate(timeout=120)
+        assert launcher.returncode == 130, stderr
+        assert "domaingen: interrupted" in stderr
+        # no process of the sweep outlives it (workers, and the resource tracker shortly after)
+        _wait_for(lambda: not _group_alive(launcher.pid), timeout=15, what="the sweep's processes to exit")
+    finally:  # whatever failed, leave no process of the sweep behind
+        if _group_alive(launcher.pid):
+            os.killpg(launcher.pid, signal.SIGKILL)
+            launcher.wait()
+    runs = _started_runs(sweep_dir)
+    assert len(runs) == workers, "a worker took another job after the interrupt"
+    counts = {run: _records(run) for run in runs}
+    time.sleep(1.0)
+    assert {run: _records(run) for run in runs} == counts  # nothing trains on
+    for run in runs:
+        log = (run / "log.txt").read_text()
+        assert "interrupted; rerun the same command to resume from the last checkpoint" in log
+        assert RunDirectory(run).load_checkpoint() is not None  # what a relaunch resumes from
+    status = subprocess.run([sys.executable, "-m", "domaingen", "sweep", "status", "--output_dir", str(sweep_dir)],
+                            capture_output=True, text=True)
+    assert f"{N_JOBS} jobs in {sweep_dir}: 0 done, {workers} incomplete, 0 failed, {N_JOBS - workers} not launched" in status.stdout
