@@ -186,6 +186,10 @@ def _add_collect_parser(sub: argparse._SubParsersAction) -> None:
                    help="instead of tables: per algorithm, every hparams draw with the hyperparameters that vary, "
                         "training-domain validation and test accuracy per dataset and validation averaged over "
                         "datasets, best first; with --fields, those fields at each run's last checkpoint")
+    p.add_argument("--versus", default=None, metavar="DIR",
+                   help="instead of the tables: compare with another sweep launched with the same seeds and one "
+                        "setting changed (e.g. --precision): per algorithm both sweeps' cells and their difference "
+                        "paired by trial_seed, with the arguments their twin runs differ in")
     p.add_argument("--datasets", nargs="+", metavar="DATASET",
                    help="tabulate only these datasets' runs (e.g. one part of a sweep whose parts differ "
                         "in their datasets)")

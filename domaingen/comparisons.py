@@ -8,11 +8,14 @@
 - Record fields at the selected checkpoint (`collect --fields GLOB`): any number a
   run records (ModReg's kept fraction per layer, DMG's IoU, a penalty), read from
   the record of each trial's selected run and step, mean ± error over trials.
+- Two sweeps against each other (`collect --versus DIR`): each algorithm's cells in
+  both and their difference trial by trial, with what the twin runs' arguments differ in.
 """
 
 from __future__ import annotations
 
 import fnmatch
+import json
 import math
 from typing import Sequence
 
@@ -144,3 +147,78 @@ def field_tables(tables: Sequence[Table], records: pd.DataFrame, patterns: Seque
         out.append(Table(title, f"{dataset}/{method}/fields", columns, rows, data_source=table.data_source,
                          hparams_choice=table.hparams_choice))
     return out
+
+
+def versus_tables(tables_a: Sequence[Table], tables_b: Sequence[Table], label_a: str, label_b: str) -> list[Table]:
+    """`collect --versus`: per test table the two sweeps share, and per algorithm both have,
+    three rows: A's cell, B's cell, and A minus B paired by trial_seed (`paired_cell`).
+
+    Two sweeps launched with the same seeds and one setting changed (precision, a code
+    version, the eval splits) train the same restarts, so the paired difference isolates
+    the setting. Raises DomaingenError when they share no table or no algorithm.
+    """
+    by_key_b = {t.key: t for t in _test_tables(tables_b)}
+    shared = [t for t in _test_tables(tables_a) if t.key in by_key_b]
+    if not shared:
+        def datasets(keys) -> str:
+            return ", ".join(sorted({k.split("/")[0] for k in keys})) or "no finished runs"
+
+        raise DomaingenError(f"{label_a} and {label_b} share no dataset to compare ({label_a}: "
+                             f"{datasets(t.key for t in _test_tables(tables_a))}; {label_b}: {datasets(by_key_b)})")
+    out = []
+    for table in shared:
+        other = by_key_b[table.key]
+        columns = [c for c in _env_columns(table) if c in _env_columns(other)]
+        index_a = [table.columns.index(c) for c in columns]
+        index_b = [other.columns.index(c) for c in columns]
+        rows = {}
+        for algorithm in [a for a in table.rows if a in other.rows]:
+            cells_a = [table.rows[algorithm][i] for i in index_a]
+            cells_b = [other.rows[algorithm][i] for i in index_b]
+            rows[f"{algorithm} ({label_a})"] = cells_a
+            rows[f"{algorithm} ({label_b})"] = cells_b
+            rows[f"{algorithm}: {label_a} − {label_b}"] = [paired_cell(a, b) for a, b in zip(cells_a, cells_b)]
+        if not rows or not columns:
+            continue
+        dataset, method, _ = table.key.split("/")
+        title = table.title.replace(": test accuracy,", f": test accuracy, {label_a} against {label_b} "
+                                    "(differences paired by trial_seed),", 1)
+        out.append(Table(title, f"{dataset}/{method}/versus", columns, rows, data_source=table.data_source,
+                         hparams_choice=table.hparams_choice))
+    if not out:
+        raise DomaingenError(f"{label_a} and {label_b} have no algorithm and held-out environment in common")
+    return out
+
+
+# arguments that name where a run lives, not what it computes
+NOT_COMPARED_ARGS = ("output_dir",)
+RUN_KEY = ("dataset", "algorithm", "test_envs", "hparams_seed", "trial_seed")
+
+
+def _run_key(args: dict) -> tuple:
+    return tuple(tuple(sorted(args[k])) if k == "test_envs" else args.get(k) for k in RUN_KEY)
+
+
+def argument_differences(args_a: Sequence[dict], args_b: Sequence[dict], label_a: str, label_b: str) -> str:
+    """One sentence on how two sweeps' twin runs (same dataset, algorithm, test
+    environments, hparams_seed and trial_seed) differ in their recorded arguments."""
+    twins_b = {_run_key(a): a for a in args_b}
+    pairs = [(a, twins_b[_run_key(a)]) for a in args_a if _run_key(a) in twins_b]
+    if not pairs:
+        return (f"no run of {label_a} has a twin in {label_b} (same {', '.join(RUN_KEY)}): "
+                "the differences below pair trials of different runs")
+    differing: dict[str, set[tuple[str, str]]] = {}
+    for a, b in pairs:
+        for key in sorted(set(a) | set(b)):
+            if key in NOT_COMPARED_ARGS or a.get(key) == b.get(key):
+                continue
+            differing.setdefault(key, set()).add((json.dumps(a.get(key)), json.dumps(b.get(key))))
+    head = f"{len(pairs)} runs of {label_a} have a twin in {label_b} (same {', '.join(RUN_KEY)})"
+    if not differing:
+        return f"{head}; their arguments are identical, so the differences measure run-to-run nondeterminism"
+    parts = []
+    for key, values in differing.items():
+        shown = sorted(values)[:3]
+        text = "; ".join(f"{va} in {label_a}, {vb} in {label_b}" for va, vb in shown)
+        parts.append(f"{key} ({text}{'; ...' if len(values) > 3 else ''})")
+    return f"{head}; their arguments differ in {', '.join(parts)}"

@@ -7,7 +7,7 @@ import collections
 import logging
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 from tabulate import tabulate
 
@@ -209,7 +209,6 @@ def load_recorded_plugins(sweep_dir: str) -> None:
 def collect_command(ns: argparse.Namespace) -> int:
     import pandas as pd
 
-    from domaingen.collect import collect, only_datasets
     from domaingen.comparisons import field_tables, paired_tables, parse_pairs
     from domaingen.reference import read_reference
     from domaingen.reporting import build_tables, to_csv, to_latex, to_markdown
@@ -221,19 +220,19 @@ def collect_command(ns: argparse.Namespace) -> int:
     if ns.top_hparams and (pairs is not None or ns.fields):
         raise DomaingenError("--paired and --fields add tables; --top_hparams prints none: use one or the other")
     views = [name for name, on in (("--top_hparams", ns.top_hparams), ("--trajectories", ns.trajectories),
-                                   ("--draws", ns.draws)) if on]
+                                   ("--draws", ns.draws), ("--versus", ns.versus)) if on]
     if len(views) > 1 or (views and views[0] != "--top_hparams" and pairs is not None):
         raise DomaingenError(f"{' and '.join(views + (['--paired'] if pairs is not None else []))} each replace "
                              "the tables: use one of them")
+    if ns.versus and ns.fields:
+        raise DomaingenError("--versus replaces the tables with its own; drop --fields")
+    if ns.versus and Path(ns.versus).resolve() == Path(ns.input_dir).resolve():
+        raise DomaingenError(f"--versus {ns.versus} is the --input_dir itself; name another sweep directory")
     if ns.trajectories and ns.fields:
         raise DomaingenError("--trajectories names its fields itself; drop --fields (it adds fields to tables "
                              "and to --draws)")
-    load_recorded_plugins(ns.input_dir)
     reference = pd.concat([read_reference(f) for f in ns.reference], ignore_index=True) if ns.reference else None
-    collection = collect(ns.input_dir, allow_mixed_sources=ns.allow_mixed_sources)
-    _add_unlaunched_jobs(collection, ns.input_dir)
-    if getattr(ns, "datasets", None):
-        collection = only_datasets(collection, ns.datasets, ns.input_dir)
+    collection = _collection(ns.input_dir, ns)
     if ns.trajectories or ns.draws:
         from domaingen.sweep_views import draws_table, render, trajectories
 
@@ -248,6 +247,8 @@ def collect_command(ns: argparse.Namespace) -> int:
     if methods is None:
         has_pairs = (collection.records["test_envs"].map(len) == 2).any()
         methods = ["training", "oracle"] + (["loo"] if has_pairs else [])
+    if ns.versus:
+        return _write(_versus_text(collection, methods, ns), ns.output)
     if ns.top_hparams:
         if ns.format == "csv":
             text = top_hparams_csv(collection, methods, ns.hparams_choice)
@@ -265,6 +266,55 @@ def collect_command(ns: argparse.Namespace) -> int:
         else:
             text = to_csv(tables, ns.error)
     return _write(text, ns.output)
+
+
+def _collection(sweep_dir: str, ns: argparse.Namespace):
+    """The records and runs of `sweep_dir` as collect tabulates them (with --datasets applied)."""
+    from domaingen.collect import collect, only_datasets
+
+    load_recorded_plugins(sweep_dir)
+    collection = collect(sweep_dir, allow_mixed_sources=ns.allow_mixed_sources)
+    _add_unlaunched_jobs(collection, sweep_dir)
+    if getattr(ns, "datasets", None):
+        collection = only_datasets(collection, ns.datasets, sweep_dir)
+    return collection
+
+
+def _versus_text(collection, methods: Sequence[str], ns: argparse.Namespace) -> str:
+    """`collect --versus`: the two sweeps' cells and their paired differences, after a line
+    saying how their twin runs' arguments differ (a comment in LaTeX; stderr for CSV)."""
+    from domaingen.comparisons import argument_differences, versus_tables
+    from domaingen.reporting import build_tables, to_csv, to_latex, to_markdown
+
+    if not Path(ns.versus).is_dir():
+        raise DomaingenError(f"--versus {ns.versus}: no such directory; name a sweep directory to compare with")
+    other = _collection(ns.versus, ns)
+    label_a, label_b = Path(ns.input_dir).resolve().name, Path(ns.versus).resolve().name
+    if label_a == label_b:
+        label_a, label_b = str(ns.input_dir), str(ns.versus)
+    tables = versus_tables(build_tables(collection, methods, ns.hparams_choice),
+                           build_tables(other, methods, ns.hparams_choice), label_a, label_b)
+    summary = argument_differences(_recorded_args(ns.input_dir), _recorded_args(ns.versus), label_a, label_b)
+    summary += (f"; {label_b} has {other.records['run'].nunique() if len(other.records) else 0} done runs "
+                "(the counts at the end are the first sweep's)")
+    if ns.format == "markdown":
+        return f"{summary}.\n\n" + to_markdown(tables, collection, ns.show_trials, ns.error)
+    if ns.format == "latex":
+        return f"% {summary}.\n" + to_latex(tables, collection, ns.show_trials, ns.bare, ns.error)
+    print(f"{summary}.", file=sys.stderr)
+    return to_csv(tables, ns.error)
+
+
+def _recorded_args(sweep_dir: str) -> list[dict]:
+    """The args.json of every run directory directly under `sweep_dir`."""
+    from domaingen.rundir import RunDirectory
+
+    found = []
+    for path in sorted(Path(sweep_dir).iterdir()):
+        args = RunDirectory(path).read_args() if path.is_dir() else None
+        if isinstance(args, dict):
+            found.append(args)
+    return found
 
 
 def _write(text: str, output: str | None) -> int:

@@ -11,7 +11,8 @@ import pytest
 
 from domaingen.cli import main
 from domaingen.collect import Collection
-from domaingen.comparisons import default_pairs, field_tables, paired_tables, parse_pairs
+from domaingen.comparisons import (argument_differences, default_pairs, field_tables, paired_tables, parse_pairs,
+                                   versus_tables)
 from domaingen.errors import DomaingenError
 from domaingen.reporting import build_tables, to_csv, to_markdown
 from domaingen.rundir import to_json
@@ -23,9 +24,9 @@ TEST = {"ERM": [0.50, 0.60, 0.70], "ERM+ModReg": [0.55, 0.58]}
 KEPT = {0: [0.9, 0.4], 1: [0.8, 0.3]}  # ERM+ModReg's kept fraction at steps 0, 1 per trial
 
 
-def records() -> pd.DataFrame:
+def records(test: dict[str, list[float]] = TEST) -> pd.DataFrame:
     rows = []
-    for algorithm, tests in TEST.items():
+    for algorithm, tests in test.items():
         for trial, test in enumerate(tests):
             for step in (0, 1):
                 row = rec(algorithm, [0], 0, trial, step, [test if step else 0.1, .9, .9], [.5, .6 + step / 10, .6 + step / 10],
@@ -86,12 +87,12 @@ def test_fields_are_read_at_the_selected_checkpoint(collection):
         field_tables(tables, collection.records, ["nothing_like_this"])
 
 
-def write_sweep(root):
-    for (algorithm, trial, test_envs), sub in records().groupby(["algorithm", "trial_seed", "test_envs"]):
+def write_sweep(root, test: dict[str, list[float]] = TEST, **extra_args):
+    for (algorithm, trial, test_envs), sub in records(test).groupby(["algorithm", "trial_seed", "test_envs"]):
         run = root / f"{algorithm}_{trial}"
         run.mkdir(parents=True)
         args = {"dataset": "ColoredMNIST", "algorithm": algorithm, "test_envs": list(test_envs), "hparams_seed": 0,
-                "trial_seed": int(trial)}
+                "trial_seed": int(trial), "output_dir": str(run), **extra_args}
         lines = [to_json({**{k: v for k, v in r.items() if k.startswith(("env", "modreg")) or k == "step"},
                           "args": args, "hparams": {}, "data_source": "MNIST-70000"}) for r in sub.to_dict("records")]
         (run / "results.jsonl").write_text("\n".join(lines) + "\n")
@@ -116,3 +117,75 @@ def test_collect_refuses_bad_pairs_in_one_line(tmp_path, capsys):
     assert capsys.readouterr().err.strip().splitlines()[-1].endswith("--paired takes ALGORITHM:BASE pairs (e.g. ERM+ModReg:ERM), got 'ERM'")
     assert main(["collect", "--input_dir", str(tmp_path / "s"), "--paired", "--top_hparams"]) == 2
     assert "--top_hparams prints none" in capsys.readouterr().err
+
+
+# a twin sweep: the same restarts with one setting changed; ERM has trials 0-2 in both
+TEST_B = {"ERM": [0.52, 0.57, 0.75], "IRM": [0.3]}
+
+
+def test_versus_pairs_two_sweeps_by_trial_seed():
+    a, b = Collection(records()), Collection(records(TEST_B))
+    [table] = versus_tables(build_tables(a, ["training"]), build_tables(b, ["training"]), "bf16", "fp32")
+    assert table.key == "ColoredMNIST/training/versus" and table.columns == ["+90%"]
+    # only ERM is in both; ERM+ModReg (A only) and IRM (B only) are left out
+    assert list(table.rows) == ["ERM (bf16)", "ERM (fp32)", "ERM: bf16 − fp32"]
+    assert table.rows["ERM (bf16)"][0].values == pytest.approx(TEST["ERM"])
+    assert table.rows["ERM (fp32)"][0].values == pytest.approx(TEST_B["ERM"])
+    diffs = np.array(TEST["ERM"]) - np.array(TEST_B["ERM"])
+    cell = table.rows["ERM: bf16 − fp32"][0]
+    assert cell.values == pytest.approx(diffs.tolist())
+    assert cell.se == pytest.approx(np.std(diffs, ddof=1) / np.sqrt(3))
+    assert cell.note == "lower in 2 of 3 trials, higher in 1"
+    assert "bf16 against fp32 (differences paired by trial_seed)" in table.title
+    with pytest.raises(DomaingenError, match="^bf16 and fp32 have no algorithm and held-out environment in common$"):
+        versus_tables(build_tables(a, ["training"]), build_tables(Collection(records({"IRM": [0.3]})), ["training"]),
+                      "bf16", "fp32")
+    other = Collection(records().assign(dataset="RotatedMNIST"))
+    with pytest.raises(DomaingenError, match="^bf16 and fp32 share no dataset to compare "
+                                             "\\(bf16: ColoredMNIST; fp32: RotatedMNIST\\)$"):
+        versus_tables(build_tables(a, ["training"]), build_tables(other, ["training"]), "bf16", "fp32")
+
+
+def test_argument_differences_name_what_the_twins_differ_in():
+    run = {"dataset": "ColoredMNIST", "algorithm": "ERM", "test_envs": [2], "hparams_seed": 0, "trial_seed": 1,
+           "steps": 5001, "output_dir": "a/x"}
+    twin = {**run, "output_dir": "b/x"}
+    assert argument_differences([run], [twin], "A", "B") == (
+        "1 runs of A have a twin in B (same dataset, algorithm, test_envs, hparams_seed, trial_seed); their "
+        "arguments are identical, so the differences measure run-to-run nondeterminism")
+    assert argument_differences([{**run, "precision": "bf16"}], [{**twin, "precision": "fp32"}], "A", "B") == (
+        "1 runs of A have a twin in B (same dataset, algorithm, test_envs, hparams_seed, trial_seed); their "
+        'arguments differ in precision ("bf16" in A, "fp32" in B)')
+    assert argument_differences([run], [{**twin, "trial_seed": 2}], "A", "B").startswith("no run of A has a twin in B")
+
+
+def test_collect_versus_command(tmp_path, capsys):
+    write_sweep(tmp_path / "bf16", precision="bf16")
+    write_sweep(tmp_path / "fp32", TEST_B, precision="fp32")
+    assert main(["-q", "collect", "--input_dir", str(tmp_path / "bf16"), "--versus", str(tmp_path / "fp32"),
+                 "--selection", "training", "--error", "se"]) == 0
+    out = capsys.readouterr().out
+    diffs = np.array(TEST["ERM"]) - np.array(TEST_B["ERM"])
+    assert out.startswith("3 runs of bf16 have a twin in fp32 (same dataset, algorithm, test_envs, hparams_seed, "
+                          'trial_seed); their arguments differ in precision ("bf16" in bf16, "fp32" in fp32); '
+                          "fp32 has 4 done runs")
+    se = np.std(diffs, ddof=1) / np.sqrt(3)
+    assert f"| ERM: bf16 − fp32 | {100 * diffs.mean():.1f} ± {100 * se:.1f} |" in out.replace("  ", "")
+
+
+def test_collect_versus_refuses_bad_input_in_one_line(tmp_path, capsys):
+    write_sweep(tmp_path / "s")
+    for argv, message in [
+        (["--versus", str(tmp_path / "s")], f"--versus {tmp_path / 's'} is the --input_dir itself; name another "
+                                             "sweep directory"),
+        (["--versus", str(tmp_path / "none")], f"--versus {tmp_path / 'none'}: no such directory; name a sweep "
+                                                "directory to compare with"),
+        (["--versus", str(tmp_path / "none"), "--fields", "x"], "--versus replaces the tables with its own; drop "
+                                                                "--fields"),
+        (["--versus", str(tmp_path / "none"), "--paired"], "--versus and --paired each replace the tables: use one "
+                                                           "of them"),
+        (["--versus", str(tmp_path / "none"), "--draws"], "--draws and --versus each replace the tables: use one of "
+                                                          "them"),
+    ]:
+        assert main(["collect", "--input_dir", str(tmp_path / "s"), *argv]) == 2
+        assert capsys.readouterr().err.strip().splitlines()[-1] == f"domaingen: error: {message}"
