@@ -196,7 +196,7 @@ RUN_KEY = ("dataset", "algorithm", "test_envs", "hparams_seed", "trial_seed")
 
 
 def _run_key(args: dict) -> tuple:
-    return tuple(tuple(sorted(args[k])) if k == "test_envs" else args.get(k) for k in RUN_KEY)
+    return tuple(tuple(sorted(args.get(k) or ())) if k == "test_envs" else args.get(k) for k in RUN_KEY)
 
 
 def argument_differences(args_a: Sequence[dict], args_b: Sequence[dict], label_a: str, label_b: str) -> str:
