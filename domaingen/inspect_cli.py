@@ -16,6 +16,9 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     """Add evaluate, diagnose and report to the `domaingen` command's subparsers."""
     p = sub.add_parser("evaluate", help="reload a run's selected (or last) model and print every environment's accuracy")
     _add_run_arguments(p)
+    p.add_argument("--precision", choices=["fp32", "bf16"], default=None,
+                   help="evaluate in this precision (default: the one the run evaluated in); the last line then "
+                        "says how far the accuracies move from the record")
 
     p = sub.add_parser("diagnose", help="look inside a run's model: selectivity, activation rates, masks")
     _add_run_arguments(p)
@@ -78,13 +81,14 @@ def compare_with_record(accuracies: Mapping[str, float], record: Mapping[str, An
 
 
 def evaluate_command(ns: argparse.Namespace) -> int:
-    from domaingen.reload import evaluate_run, load_run
+    from domaingen.reload import evaluate_run, load_run, run_precision
 
     loaded = load_run(ns.run_dir, ns.checkpoint, ns.data_dir, ns.device)
-    accuracies = evaluate_run(loaded)
+    accuracies = evaluate_run(loaded, ns.precision)
     args = loaded.args
     print(f"{loaded.path}: {args['algorithm']} on {args['dataset']}, test envs {loaded.test_envs}, "
-          f"{loaded.checkpoint} checkpoint (step {loaded.step}), data {loaded.dataset.data_source}")
+          f"{loaded.checkpoint} checkpoint (step {loaded.step}), data {loaded.dataset.data_source}, "
+          f"evaluated in {ns.precision or run_precision(loaded)} (the run: {run_precision(loaded)})")
     print(accuracy_table(accuracies, [e.name for e in loaded.dataset.environments], loaded.test_envs))
     print(compare_with_record(accuracies, loaded.record()))
     return 0

@@ -21,6 +21,7 @@ from domaingen.errors import RunDirectoryError
 from domaingen.evaluation import evaluate, training_domains
 from domaingen.networks import place_model, resolve_device
 from domaingen.plugins import load_plugins
+from domaingen.precision import resolve_precision
 from domaingen.rundir import RunDirectory
 from domaingen.training import TrainConfig, resolve
 
@@ -131,13 +132,22 @@ def load_run(
     )
 
 
-def evaluate_run(loaded: LoadedRun) -> dict[str, float]:
-    """Every environment's in/out accuracy, and the algorithm's test-time modes, as training records them."""
+def run_precision(loaded: LoadedRun) -> str:
+    """The precision the run trained and evaluated in: what `auto` resolved to where it started
+    (`resolved_precision`), else the one it asked for."""
+    precision = loaded.args.get("resolved_precision") or loaded.args.get("precision") or "fp32"
+    return resolve_precision(precision, loaded.device.type) if precision == "auto" else precision
+
+
+def evaluate_run(loaded: LoadedRun, precision: str | None = None) -> dict[str, float]:
+    """Every environment's in/out accuracy, and the algorithm's test-time modes, as training records them.
+
+    `precision` None: the run's own (`run_precision`)."""
     return evaluate(
         loaded.algorithm,
         loaded.splits,
         loaded.device,
-        loaded.args.get("precision", "fp32"),
+        precision or run_precision(loaded),
         dataset=loaded.dataset,
         env_domains=loaded.env_domains,
     )

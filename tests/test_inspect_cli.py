@@ -84,6 +84,35 @@ def test_evaluate_prints_the_record_of_the_checkpoint(runs, capsys, algorithm, c
     assert snapshot(run) == before
 
 
+def test_evaluate_in_another_precision_says_how_far_it_moves(runs, capsys):
+    from domaingen.evaluation import split_accuracy
+    from domaingen.reload import load_run, run_precision
+
+    run = runs["ERM"]  # trained and evaluated in fp32
+    loaded = load_run(run, "last")
+    record = loaded.record()
+    expected = {f"env{i}_{name}_acc": split_accuracy(loaded.algorithm, split, loaded.device, "bf16")
+                for i, pair in enumerate(loaded.splits) for name, split in zip(("in", "out"), pair)}
+    code, out, _ = run_cli(capsys, "evaluate", str(run), "--checkpoint", "last", "--precision", "bf16")
+    assert code == 0
+    assert "evaluated in bf16 (the run: fp32)" in out
+    rows = table_rows(out)
+    for key, value in expected.items():
+        env, split = int(key[3]), key.split("_")[1]
+        assert rows[env][split] == f"{value:.4f}"
+    worst = max(expected, key=lambda k: abs(expected[k] - record[k]))
+    gap = abs(expected[worst] - record[worst])
+    last = out.strip().splitlines()[-1]
+    assert last == (f"equal to the record of step {record['step']} (6 accuracies)" if gap == 0 else
+                    f"differs from the record of step {record['step']} by up to {gap:.2g} ({worst})")
+    # a run that asked for auto evaluates as it resolved where it started
+    loaded.args.update(precision="auto", resolved_precision="bf16")
+    assert run_precision(loaded) == "bf16"
+    loaded.args.pop("resolved_precision")  # a run from before runs recorded it: this machine's auto
+    from domaingen.precision import auto_precision, read_cpu_flags
+    assert loaded.device.type != "cpu" or run_precision(loaded) == auto_precision("cpu", read_cpu_flags())
+
+
 def test_a_run_without_selected_checkpoint_offers_last(runs, tmp_path, capsys):
     old = tmp_path / "old"
     shutil.copytree(runs["ERM"], old)
