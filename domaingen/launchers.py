@@ -143,21 +143,21 @@ def _collect_results(pool: ProcessPoolExecutor, futures: Sequence[Any], options:
                 results.append(future.result())
                 bar.update(1)
     except KeyboardInterrupt:
-        _stop_workers(pool, futures)
+        _stop_workers(pool)
         raise
     return results
 
 
-def _stop_workers(pool: ProcessPoolExecutor, futures: Sequence[Any]) -> None:
-    """Cancel what has not started and interrupt the running jobs, killing a worker that
-    does not stop within STOP_TIMEOUT_S.
+def _stop_workers(pool: ProcessPoolExecutor) -> None:
+    """Interrupt the running jobs and end every worker, killing one that does not stop
+    within STOP_TIMEOUT_S; the pool, left without workers, fails what has not started.
 
     A terminal's Ctrl-C reaches the workers by itself (they share its process group);
     a SIGTERM sent to the launcher alone does not, so each worker still alive after
-    INTERRUPT_GRACE_S gets a SIGINT.
+    INTERRUPT_GRACE_S gets a SIGINT. The pending futures are not cancelled: the pool's
+    own thread fails them when it finds its workers gone, and a cancelled one makes it
+    raise (Python 3.11).
     """
-    for future in futures:
-        future.cancel()
     # the executor offers no way to stop running calls; its worker processes are the handle
     processes = list(getattr(pool, "_processes", {}).values())
     deadline = time.monotonic() + INTERRUPT_GRACE_S
@@ -171,7 +171,7 @@ def _stop_workers(pool: ProcessPoolExecutor, futures: Sequence[Any]) -> None:
         process.join(max(0.0, deadline - time.monotonic()))
         if process.is_alive():
             process.kill()
-    pool.shutdown(wait=False, cancel_futures=True)
+    pool.shutdown(wait=False)
 
 
 def _load_job_plugins(config_kwargs: Mapping[str, Any]) -> str | None:
