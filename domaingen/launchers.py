@@ -165,13 +165,22 @@ def _stop_workers(pool: ProcessPoolExecutor) -> None:
         process.join(max(0.0, deadline - time.monotonic()))
     for process in processes:
         if process.is_alive():
-            os.kill(process.pid, signal.SIGINT)
+            _signal_process(process.pid, signal.SIGINT)
     deadline = time.monotonic() + STOP_TIMEOUT_S
     for process in processes:
         process.join(max(0.0, deadline - time.monotonic()))
         if process.is_alive():
             process.kill()
     pool.shutdown(wait=False)
+
+
+def _signal_process(pid: int, signum: int) -> None:
+    """Send signum to pid unless the process has already gone: a worker that ends between
+    the liveness check and the signal (the pool's own thread may reap it) needs nothing."""
+    try:
+        os.kill(pid, signum)
+    except ProcessLookupError:
+        pass
 
 
 def _load_job_plugins(config_kwargs: Mapping[str, Any]) -> str | None:

@@ -87,3 +87,43 @@ def test_an_interrupted_sweep_stops_every_job(tmp_path, mnist_dir, launcher_name
     status = subprocess.run([sys.executable, "-m", "domaingen", "sweep", "status", "--output_dir", str(sweep_dir)],
                             capture_output=True, text=True)
     assert f"{N_JOBS} jobs in {sweep_dir}: 0 done, {workers} incomplete, 0 failed, {N_JOBS - workers} not launched" in status.stdout
+
+
+class _GoneWorker:
+    """A worker the launcher still lists as alive although its process has been reaped:
+    what it sees when the pool's own thread reaps a worker between the check and the signal."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.killed = False
+
+    def join(self, timeout: float | None = None) -> None:
+        pass
+
+    def is_alive(self) -> bool:
+        return not self.killed
+
+    def kill(self) -> None:
+        self.killed = True
+
+
+class _PoolOfGoneWorkers:
+    def __init__(self, workers: list[_GoneWorker]) -> None:
+        self._processes = {w.pid: w for w in workers}
+        self.shut_down = False
+
+    def shutdown(self, wait: bool = True) -> None:
+        self.shut_down = True
+
+
+def test_stopping_a_worker_that_is_already_gone_is_not_an_error(monkeypatch):
+    from domaingen import launchers
+
+    finished = subprocess.Popen([sys.executable, "-c", "pass"])
+    finished.wait()  # reaped: its pid now names no process
+    worker = _GoneWorker(finished.pid)
+    pool = _PoolOfGoneWorkers([worker])
+    monkeypatch.setattr(launchers, "INTERRUPT_GRACE_S", 0.0)
+    monkeypatch.setattr(launchers, "STOP_TIMEOUT_S", 0.0)
+    launchers._stop_workers(pool)  # the CI failure: ProcessLookupError from os.kill
+    assert worker.killed and pool.shut_down
