@@ -27,7 +27,7 @@ import pandas as pd
 
 from domaingen.collect import Collection, collect
 from domaingen.errors import DomaingenError
-from domaingen.reporting import build_tables
+from domaingen.reporting import build_tables, done_runs
 from domaingen.rundir import DONE, FAILED, RESULTS, SELECTED, read_jsonl
 from domaingen.selection import METHOD_TITLES, select
 
@@ -438,7 +438,7 @@ def _png(spec: FigureSpec) -> bytes:
 
 def _status_html(collection: Collection) -> str:
     done = collection.records["run"].nunique()
-    parts = [f"{done} done runs"]
+    parts = [done_runs(done)]
     if collection.incomplete:
         parts.append(f"{len(collection.incomplete)} still running or incomplete (not shown)")
     if collection.failed:

@@ -425,8 +425,13 @@ def error_note(error: str) -> str:
     return f"{ERROR_TITLES[error]}; Avg columns: the mean of the column means, without ±."
 
 
+def done_runs(count: int) -> str:
+    """'1 done run' / 'N done runs'."""
+    return f"{count} done run{'' if count == 1 else 's'}"
+
+
 def _footer(collection: Collection) -> str:
-    lines = [f"{collection.records['run'].nunique()} done runs, {len(collection.records)} records."]
+    lines = [f"{done_runs(collection.records['run'].nunique())}, {len(collection.records)} records."]
     if collection.failed:
         lines.append(f"Failed runs ({len(collection.failed)}), not counted:")
         lines += [f"- {run}: {reason}" for run, reason in collection.failed]

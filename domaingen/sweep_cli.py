@@ -284,7 +284,7 @@ def _versus_text(collection, methods: Sequence[str], ns: argparse.Namespace) -> 
     """`collect --versus`: the two sweeps' cells and their paired differences, after a line
     saying how their twin runs' arguments differ (a comment in LaTeX; stderr for CSV)."""
     from domaingen.comparisons import argument_differences, versus_tables
-    from domaingen.reporting import build_tables, to_csv, to_latex, to_markdown
+    from domaingen.reporting import build_tables, done_runs, to_csv, to_latex, to_markdown
 
     if not Path(ns.versus).is_dir():
         raise DomaingenError(f"--versus {ns.versus}: no such directory; name a sweep directory to compare with")
@@ -295,7 +295,7 @@ def _versus_text(collection, methods: Sequence[str], ns: argparse.Namespace) -> 
     tables = versus_tables(build_tables(collection, methods, ns.hparams_choice),
                            build_tables(other, methods, ns.hparams_choice), label_a, label_b)
     summary = argument_differences(_recorded_args(ns.input_dir), _recorded_args(ns.versus), label_a, label_b)
-    summary += (f"; {label_b} has {other.records['run'].nunique() if len(other.records) else 0} done runs "
+    summary += (f"; {label_b} has {done_runs(other.records['run'].nunique() if len(other.records) else 0)} "
                 "(the counts at the end are the first sweep's)")
     if ns.format == "markdown":
         return f"{summary}.\n\n" + to_markdown(tables, collection, ns.show_trials, ns.error)

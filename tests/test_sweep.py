@@ -419,7 +419,7 @@ def test_collect_datasets_tabulates_one_part_as_if_it_were_alone(tmp_path, capsy
                   and json.loads((run / "args.json").read_text())["dataset"] == "RotatedMNIST")
     (victim / "done").unlink()
     text = cli(capsys, "collect", "--input_dir", str(out), "--datasets", "ColoredMNIST")[1]
-    assert "Incomplete" not in text and "1 done runs" in text
+    assert "Incomplete" not in text and "1 done run," in text
 
 
 def test_collect_datasets_names_what_the_directory_holds_when_a_name_is_absent(tmp_path, capsys):
