@@ -213,7 +213,7 @@ def argument_differences(args_a: Sequence[dict], args_b: Sequence[dict], label_a
             if key in NOT_COMPARED_ARGS or a.get(key) == b.get(key):
                 continue
             differing.setdefault(key, set()).add((json.dumps(a.get(key)), json.dumps(b.get(key))))
-    head = f"{len(pairs)} runs of {label_a} have a twin in {label_b} (same {', '.join(RUN_KEY)})"
+    head = f"{len(pairs)} {'run' if len(pairs) == 1 else 'runs'} of {label_a} {'has' if len(pairs) == 1 else 'have'} a twin in {label_b} (same {', '.join(RUN_KEY)})"
     if not differing:
         return f"{head}; their arguments are identical, so the differences measure run-to-run nondeterminism"
     parts = []

@@ -151,10 +151,10 @@ def test_argument_differences_name_what_the_twins_differ_in():
            "steps": 5001, "output_dir": "a/x"}
     twin = {**run, "output_dir": "b/x"}
     assert argument_differences([run], [twin], "A", "B") == (
-        "1 runs of A have a twin in B (same dataset, algorithm, test_envs, hparams_seed, trial_seed); their "
+        "1 run of A has a twin in B (same dataset, algorithm, test_envs, hparams_seed, trial_seed); their "
         "arguments are identical, so the differences measure run-to-run nondeterminism")
     assert argument_differences([{**run, "precision": "bf16"}], [{**twin, "precision": "fp32"}], "A", "B") == (
-        "1 runs of A have a twin in B (same dataset, algorithm, test_envs, hparams_seed, trial_seed); their "
+        "1 run of A has a twin in B (same dataset, algorithm, test_envs, hparams_seed, trial_seed); their "
         'arguments differ in precision ("bf16" in A, "fp32" in B)')
     assert argument_differences([run], [{**twin, "trial_seed": 2}], "A", "B").startswith("no run of A has a twin in B")
 
