@@ -21,7 +21,7 @@ from tabulate import tabulate
 from domaingen.algorithms import ALGORITHMS
 from domaingen.datasets import DATASETS, resolve_data_dir, split_environments
 from domaingen.evaluation import ACCELERATOR_EVAL_BATCH_SIZE, CompiledPredict, autocast_context, eval_batch_size, evaluate
-from domaingen.hparams import draw_hparams
+from domaingen.hparams import draw_hparams, run_space
 from domaingen.networks import MNIST_CNN, place_model, resolve_device, to_device
 from domaingen.training import MinibatchSampler, peak_memory_gb
 
@@ -61,7 +61,7 @@ def bench_training(data_dir: str, algorithm: str, steps: int, skip_fp32_eval: bo
     start = time.perf_counter()
     dataset = DATASETS.get("ColoredMNIST")(data_dir, [2], {})
     rows.append(["ColoredMNIST build", f"{time.perf_counter() - start:.2f} s"])
-    space = {**DATASETS.get("ColoredMNIST").hparam_space(), **ALGORITHMS.get(algorithm).hparam_space()}
+    space = run_space("ColoredMNIST", DATASETS.get("ColoredMNIST"), ALGORITHMS.get(algorithm))
     hparams = draw_hparams(space, "ColoredMNIST", 0)
     splits = split_environments(dataset, 0.2, 0)
     n_images = sum(len(s_in) + len(s_out) for s_in, s_out in splits)
@@ -174,7 +174,7 @@ OVERHEAD_SETTINGS = {
 def _overhead_model(name: str, device: torch.device, setting: str = "MNIST_CNN"):
     dataset, extra, per_env = OVERHEAD_SETTINGS[setting]
     shape = DATASETS.get(dataset).INPUT_SHAPE
-    space = {**DATASETS.get(dataset).hparam_space(), **ALGORITHMS.get(name).hparam_space()}
+    space = run_space(dataset, DATASETS.get(dataset), ALGORITHMS.get(name))
     hparams = {**draw_hparams(space, dataset, 0), **extra}
     torch.manual_seed(0)
     model = place_model(ALGORITHMS.get(name)(shape, 2, 2, hparams), device, shape)
@@ -266,7 +266,7 @@ def bench_dmg(data_dir: str, steps: int, rounds: int = 3) -> list[list]:
     train_splits = [s_in for s_in, _ in splits[:2]]
     models = {}
     for name in ("ERM", "DMG"):
-        space = {**DATASETS.get("ColoredMNIST").hparam_space(), **ALGORITHMS.get(name).hparam_space()}
+        space = run_space("ColoredMNIST", DATASETS.get("ColoredMNIST"), ALGORITHMS.get(name))
         hparams = {**draw_hparams(space, "ColoredMNIST", 0), "featurizer": "MNIST_CNN"}
         torch.manual_seed(0)
         model = place_model(ALGORITHMS.get(name)(dataset.input_shape, dataset.num_classes, 2, hparams), device, dataset.input_shape)

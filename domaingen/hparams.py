@@ -16,7 +16,7 @@ import hashlib
 import json
 import math
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Collection, Mapping, Sequence
 
 import numpy as np
 
@@ -79,15 +79,53 @@ def choice(options: Sequence[Any]) -> Sampler:
 
 @dataclass(frozen=True)
 class HParam:
-    """A hyperparameter: its default and, when it is searched, its sampler."""
+    """A hyperparameter: its default and, when it is searched, its sampler.
+
+    `variants` holds other declarations for some datasets (see `by_dataset`): a
+    selector is a dataset's registered name or one of its `HPARAM_GROUPS` (such as
+    "small_images", DomainBed's 28x28 datasets); the first match wins.
+    """
 
     default: Any
     sampler: Sampler | None = None
     help: str = ""
+    variants: tuple[tuple[tuple[str, ...], "HParam"], ...] = ()
+
+    def for_dataset(self, dataset: str, groups: Collection[str] = ()) -> "HParam":
+        """The declaration that applies to `dataset` (whose hyperparameter groups are `groups`)."""
+        for selectors, variant in self.variants:
+            if dataset in selectors or any(group in selectors for group in groups):
+                return variant
+        return HParam(self.default, self.sampler, self.help) if self.variants else self
 
     def describe(self) -> str:
-        """'default; distribution' as the `list` command shows it."""
-        return f"{self.default!r}" + (f"; {self.sampler}" if self.sampler else "; fixed")
+        """'default; distribution' as the `list` command shows it (other datasets' variants after it)."""
+        text = f"{self.default!r}" + (f"; {self.sampler}" if self.sampler else "; fixed")
+        for selectors, variant in self.variants:
+            text += f" [{'/'.join(selectors)}: {variant.describe()}]"
+        return text
+
+
+def by_dataset(otherwise: HParam, *variants: tuple[str | Sequence[str], HParam]) -> HParam:
+    """A hyperparameter declared differently for some datasets, as DomainBed's registry does.
+
+    `by_dataset(HParam(5e-5, ...), ("small_images", HParam(1e-3, ...)), (("PACS", "VLCS"), ...))`:
+    each variant names datasets or dataset groups; `otherwise` applies to the rest.
+    """
+    normalized = tuple(((sel,) if isinstance(sel, str) else tuple(sel), hp) for sel, hp in variants)
+    return HParam(otherwise.default, otherwise.sampler, otherwise.help, normalized)
+
+
+def resolve_space(space: Mapping[str, HParam], dataset: str, groups: Collection[str] = ()) -> dict[str, HParam]:
+    """`space` with every dataset-dependent declaration replaced by the one for `dataset`."""
+    return {name: hp.for_dataset(dataset, groups) for name, hp in space.items()}
+
+
+def run_space(dataset: str, dataset_cls: Any, algorithm_cls: Any) -> dict[str, HParam]:
+    """The hyperparameters of `algorithm_cls` on `dataset`: the dataset's, then the algorithm's
+    (which win on a shared name), each resolved for the dataset and its `HPARAM_GROUPS`."""
+    space = {**dataset_cls.hparam_space(), **algorithm_cls.hparam_space()}
+    return resolve_space(space, dataset, getattr(dataset_cls, "HPARAM_GROUPS", ()))
 
 
 def seed_hash(*parts: Any) -> int:
@@ -106,6 +144,7 @@ def draw_hparams(space: Mapping[str, HParam], dataset: str, hparams_seed: int) -
         raise HParamError(f"hparams_seed must be >= 0, got {hparams_seed}")
     values: dict[str, Any] = {}
     for name, hp in space.items():
+        hp = hp.for_dataset(dataset)
         if hparams_seed == 0 or hp.sampler is None:
             values[name] = hp.default
         else:

@@ -26,6 +26,7 @@ from domaingen.algorithms import ALGORITHMS
 from domaingen.datasets import DATASETS
 from domaingen.errors import DomaingenError
 from domaingen.eval_plan import check_eval_splits
+from domaingen.hparams import run_space
 from domaingen.plugins import load_plugins, merge_specs
 from domaingen.runlock import is_locked
 from domaingen.rundir import DONE_STATE, FAILED_STATE, INCOMPLETE, NOT_LAUNCHED, RunDirectory, atomic_write_bytes
@@ -160,7 +161,7 @@ def _parse_parts(data: Mapping[str, Any], source: str) -> SweepSpec:
 
 def _check_overrides(spec: SweepSpec, source: str) -> None:
     for algorithm, dataset in itertools.product(spec.algorithms, spec.datasets):
-        space = {**DATASETS.get(dataset).hparam_space(), **ALGORITHMS.get(algorithm).hparam_space()}
+        space = run_space(dataset, DATASETS.get(dataset), ALGORITHMS.get(algorithm))
         overrides = {**spec.hparams, **spec.algorithm_hparams.get(algorithm, {})}
         unknown = sorted(set(overrides) - set(space))
         if unknown:
@@ -173,6 +174,12 @@ def _check_overrides(spec: SweepSpec, source: str) -> None:
                 DATASETS.get(dataset).check_test_envs(envs)
             except DomaingenError as exc:
                 raise SpecError(f"{source}: 'test_envs': {exc}") from None
+            defaults = {name: hp.default for name, hp in space.items()}
+            try:
+                ALGORITHMS.get(algorithm).check_problem(
+                    len(DATASETS.get(dataset).ENVIRONMENTS) - len(envs), {**defaults, **overrides}, algorithm)
+            except DomaingenError as exc:
+                raise SpecError(f"{source}: {exc}") from None
 
 
 def load_spec(path: str | os.PathLike) -> SweepSpec:

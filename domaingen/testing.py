@@ -30,7 +30,7 @@ import torch.nn.functional as F
 
 from domaingen.algorithms import ALGORITHMS, Algorithm
 from domaingen.datasets import DATASETS
-from domaingen.hparams import draw_hparams
+from domaingen.hparams import draw_hparams, run_space
 from domaingen.plugins import load_plugins, split_specs
 
 __all__ = [
@@ -46,7 +46,7 @@ CHECK_ENV_VAR = "DOMAINGEN_CHECK_ALGORITHMS"
 
 def default_hparams(name: str, **overrides: Any) -> dict[str, Any]:
     """The defaults of algorithm `name` on ColoredMNIST (hparams_seed 0), with `overrides`."""
-    space = {**DATASETS.get("ColoredMNIST").hparam_space(), **ALGORITHMS.get(name).hparam_space()}
+    space = run_space("ColoredMNIST", DATASETS.get("ColoredMNIST"), ALGORITHMS.get(name))
     return {**draw_hparams(space, "ColoredMNIST", 0), **overrides}
 
 

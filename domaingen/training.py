@@ -20,7 +20,7 @@ from domaingen.datasets.sampling import MinibatchSampler  # noqa: F401  (re-expo
 from domaingen.errors import DomaingenError, RunDirectoryError
 from domaingen.eval_plan import DEFAULT_EVAL_SPLITS, LEGACY_EVAL_SPLITS, check_eval_splits, planned_splits
 from domaingen.evaluation import CompiledPredict, autocast_context, eval_batch_size, evaluate, training_domains
-from domaingen.hparams import apply_overrides, draw_hparams, parse_overrides, seed_hash
+from domaingen.hparams import apply_overrides, draw_hparams, parse_overrides, run_space, seed_hash
 from domaingen.networks import place_model, resolve_device
 from domaingen.plugins import load_plugins, loaded_plugins, merge_specs, portable, split_specs
 from domaingen.precision import PRECISIONS, REQUESTED_PRECISIONS, resolve_precision
@@ -145,10 +145,11 @@ def resolve(config: TrainConfig) -> ResolvedRun:
     freq = dataset_cls.CHECKPOINT_FREQ if config.checkpoint_freq is None else int(config.checkpoint_freq)
     if steps < 1 or freq < 1:
         raise DomaingenError(f"steps and checkpoint_freq must be positive, got {steps} and {freq}")
-    space = {**dataset_cls.hparam_space(), **algorithm_cls.hparam_space()}
+    space = run_space(config.dataset, dataset_cls, algorithm_cls)
     overrides = parse_overrides(config.hparams)
     hparams = apply_overrides(draw_hparams(space, config.dataset, config.hparams_seed), overrides, space)
     algorithm_cls.check_hparams(hparams)
+    algorithm_cls.check_problem(len(dataset_cls.ENVIRONMENTS) - len(test_envs), hparams, config.algorithm)
     seed = config.seed
     if seed is None:
         seed = run_seed(config.dataset, config.algorithm, test_envs, config.hparams_seed, config.trial_seed)

@@ -8,11 +8,15 @@ from domaingen.hparams import (
     HParam,
     HParamError,
     apply_overrides,
+    by_dataset,
     draw_hparams,
     int_pow2_uniform,
     log_uniform,
     parse_overrides,
+    resolve_space,
+    run_space,
     seed_hash,
+    uniform,
 )
 from domaingen.training import TrainConfig, resolve
 
@@ -143,3 +147,88 @@ def test_modreg_runs_get_the_base_algorithms_training_seed(tmp_path):
         assert seed("IRM", **kw) != seed("ERM", **kw)
     # X's own seed is unchanged: the same hash of (dataset, X, test envs, hparams_seed, trial_seed) as before
     assert seed("ERM", hparams_seed=4, trial_seed=1) == seed_hash("ColoredMNIST", "ERM", [2], 4, 1)
+
+
+# --- dataset-dependent declarations (DomainBed's per-dataset hyperparameters) ---
+
+def _lr_like() -> HParam:
+    return by_dataset(
+        HParam(5e-5, log_uniform(-5, -3.5)),
+        ("small_images", HParam(1e-3, log_uniform(-4.5, -2.5))),
+        (("DomainNet", "PACS"), HParam(0.5, uniform(0.1, 1.0))),
+    )
+
+
+def test_a_dataset_dependent_hparam_resolves_by_name_then_group():
+    hp = _lr_like()
+    assert hp.for_dataset("ColoredMNIST", ("small_images",)).default == 1e-3
+    assert hp.for_dataset("PACS").default == 0.5
+    assert hp.for_dataset("DomainNet", ("small_images",)).default == 1e-3  # first matching variant wins
+    other = hp.for_dataset("OfficeHome")
+    assert other.default == 5e-5 and other.variants == ()
+
+
+def test_a_dataset_dependent_draw_uses_that_datasets_distribution():
+    space = {"x": _lr_like()}
+    for seed in range(1, 20):
+        small = draw_hparams(resolve_space(space, "ColoredMNIST", ("small_images",)), "ColoredMNIST", seed)["x"]
+        big = draw_hparams(resolve_space(space, "OfficeHome"), "OfficeHome", seed)["x"]
+        assert 10**-4.5 <= small <= 10**-2.5 and 10**-5 <= big <= 10**-3.5
+        # the same generator as every other name: (dataset, seed, name)
+        rng = np.random.default_rng(seed_hash("ColoredMNIST", seed, "x"))
+        assert small == pytest.approx(10 ** rng.uniform(-4.5, -2.5))
+
+
+def test_describe_lists_the_variants():
+    text = _lr_like().describe()
+    assert text.startswith("5e-05; 10^U(-5,-3.5)") and "[small_images: 0.001; 10^U(-4.5,-2.5)]" in text
+    assert "[DomainNet/PACS: 0.5; U(0.1,1)]" in text
+
+
+def test_run_space_resolves_for_the_datasets_groups():
+    class Small:
+        HPARAM_GROUPS = ("small_images",)
+
+        @classmethod
+        def hparam_space(cls):
+            return {"lr": HParam(1e-3)}
+
+    class Algo:
+        @classmethod
+        def hparam_space(cls):
+            return {"d_lr": _lr_like()}
+
+    space = run_space("MyDigits", Small, Algo)
+    assert space["lr"].default == 1e-3 and space["d_lr"].default == 1e-3
+    assert DATASETS.get("ColoredMNIST").HPARAM_GROUPS == ("small_images",)
+    assert DATASETS.get("RotatedMNIST").HPARAM_GROUPS == ("small_images",)
+
+
+def test_a_method_needing_two_training_domains_is_refused_before_anything_is_written(tmp_path):
+    from domaingen.algorithms.erm import ERM
+    from domaingen.errors import DomaingenError
+
+    class TwoDomains(ERM):
+        MIN_TRAIN_DOMAINS = 2
+
+    ALGORITHMS.register("TwoDomainsTest")(TwoDomains)
+    try:
+        with pytest.raises(DomaingenError, match=r"^TwoDomainsTest needs at least 2 training domains, got 1; "
+                                                 r"hold out fewer environments$"):
+            resolve(TrainConfig(dataset="ColoredMNIST", algorithm="TwoDomainsTest", test_envs=[0, 1],
+                                output_dir=str(tmp_path / "run"), data_dir="embedded"))
+        assert not (tmp_path / "run").exists()
+    finally:
+        ALGORITHMS.unregister("TwoDomainsTest")
+
+
+def test_a_method_undefined_for_one_logit_is_refused():
+    from domaingen.algorithms.erm import ERM
+    from domaingen.errors import DomaingenError
+
+    class MultiClassOnly(ERM):
+        NO_SINGLE_LOGIT = "it mixes softmax targets"
+
+    with pytest.raises(DomaingenError, match=r"^MultiClassOnly is undefined for a one-logit classifier: it mixes"):
+        MultiClassOnly.check_problem(2, {"single_logit": True})
+    MultiClassOnly.check_problem(2, {"single_logit": False})

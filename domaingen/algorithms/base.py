@@ -38,6 +38,10 @@ class Algorithm(nn.Module):
     # Extra test-time modes that evaluation reports beside the default `predict`
     # (fields env{i}_in_acc_{mode}): mode name -> whether it needs the examples' domain index.
     EVAL_MODES: ClassVar[dict[str, bool]] = {}
+    # The fewest training domains the method is defined for (methods that compare domains need 2).
+    MIN_TRAIN_DOMAINS: ClassVar[int] = 1
+    # Why the method is undefined for a one-logit (binary logistic) classifier; empty when it is defined.
+    NO_SINGLE_LOGIT: ClassVar[str] = ""
 
     def __init__(
         self, input_shape: Sequence[int], num_classes: int, num_domains: int, hparams: Mapping[str, Any]
@@ -60,6 +64,19 @@ class Algorithm(nn.Module):
     def check_hparams(cls, hparams: Mapping[str, Any]) -> None:
         """Raise DomaingenError for hyperparameter values the algorithm cannot use (called
         before a run creates its directory); nothing to check by default."""
+
+    @classmethod
+    def check_problem(cls, num_train_domains: int, hparams: Mapping[str, Any], name: str | None = None) -> None:
+        """Raise DomaingenError when the method is undefined for this many training domains or
+        for a one-logit classifier (called, like `check_hparams`, before a run writes anything)."""
+        name = name or cls.__name__
+        if num_train_domains < cls.MIN_TRAIN_DOMAINS:
+            raise DomaingenError(
+                f"{name} needs at least {cls.MIN_TRAIN_DOMAINS} training domains, got {num_train_domains}; "
+                "hold out fewer environments"
+            )
+        if cls.NO_SINGLE_LOGIT and hparams.get("single_logit"):
+            raise DomaingenError(f"{name} is undefined for a one-logit classifier: {cls.NO_SINGLE_LOGIT}")
 
     def update(self, minibatches: Minibatches) -> dict[str, float]:
         """One training step; returns named scalar losses (at least 'loss')."""

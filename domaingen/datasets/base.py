@@ -68,6 +68,9 @@ class MultiDomainDataset:
     N_STEPS: ClassVar[int] = 5001
     CHECKPOINT_FREQ: ClassVar[int] = 100
     HPARAMS: ClassVar[dict[str, HParam]] = {}
+    # groups an algorithm's dataset-dependent hyperparameters can name (hparams.by_dataset);
+    # "small_images" is DomainBed's group of 28x28 digit datasets
+    HPARAM_GROUPS: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, data_dir: str, test_envs: Sequence[int], hparams: Mapping[str, Any]) -> None:
         self.data_dir = data_dir

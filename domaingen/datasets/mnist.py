@@ -159,6 +159,7 @@ class MNISTDomains(MultiDomainDataset):
     DATA_SEED: ClassVar[int] = 0
     CHECKPOINT_FREQ = 100
     HPARAMS = MNIST_HPARAMS
+    HPARAM_GROUPS = ("small_images",)
 
     def __init__(self, data_dir: str, test_envs: Sequence[int], hparams: Mapping[str, Any]) -> None:
         super().__init__(data_dir, test_envs, hparams)
@@ -244,6 +245,7 @@ class IRMColoredMNIST(MultiDomainDataset):
     DATA_SEED: ClassVar[int] = 0
     N_TRAIN: ClassVar[int] = 50_000
     HPARAMS = IRM_PAPER_HPARAMS
+    HPARAM_GROUPS = ("small_images",)
 
     def __init__(self, data_dir: str, test_envs: Sequence[int], hparams: Mapping[str, Any]) -> None:
         super().__init__(data_dir, test_envs, hparams)
