@@ -1,4 +1,8 @@
-"""Featurizers (MLP, MNIST_CNN, ResNet) and classifier heads, and device selection."""
+"""Featurizers (MLP, MNIST_CNN, ResNet) and classifier heads.
+
+The device helpers (`resolve_device`, `to_device`, `place_model`, `has_convolutions`) live in
+`domaingen.devices`, which data code imports too; they stay importable from here.
+"""
 
 from __future__ import annotations
 
@@ -11,52 +15,11 @@ from typing import Any, Callable, Mapping, Sequence
 import torch
 from torch import nn
 
+from domaingen.devices import CONVOLUTIONS, has_convolutions, place_model, resolve_device, to_device  # noqa: F401
 from domaingen.errors import DomaingenError
 from domaingen.registry import Registry
 
 log = logging.getLogger(__name__)
-
-
-def resolve_device(name: str = "auto") -> torch.device:
-    """'auto' -> CUDA when present, else CPU; any other torch device string as given."""
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        device = torch.device(name)
-    except RuntimeError:
-        raise DomaingenError(f"unknown device '{name}'; use auto, cpu, cuda or cuda:N") from None
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise DomaingenError(f"device '{name}' asked for, but CUDA is not available; use --device auto or cpu")
-    return device
-
-
-CONVOLUTIONS = (nn.Conv1d, nn.Conv2d, nn.Conv3d)
-
-
-def has_convolutions(model: nn.Module) -> bool:
-    """Whether `model` convolves (else its image inputs are only flattened: an MLP)."""
-    return any(isinstance(m, CONVOLUTIONS) for m in model.modules())
-
-
-def to_device(x: torch.Tensor, device: torch.device, channels_last: bool = True) -> torch.Tensor:
-    """Move a batch to `device`; image batches go channels-last, which oneDNN and cuDNN convolve faster.
-
-    `channels_last` False keeps them contiguous: a network without convolutions flattens
-    its input, which for a channels-last batch is one more copy, after the one into it.
-    """
-    if x.dim() == 4 and channels_last:
-        return x.to(device, memory_format=torch.channels_last, non_blocking=True)
-    return x.to(device, non_blocking=True)
-
-
-def place_model(model: nn.Module, device: torch.device, input_shape: Sequence[int]) -> nn.Module:
-    """Move a model to `device`, channels-last when its inputs are images (matching `to_device`).
-
-    A model whose `prefers_channels_last` attribute is False stays contiguous (NCHW).
-    """
-    if len(input_shape) == 3 and getattr(model, "prefers_channels_last", True):
-        return model.to(device, memory_format=torch.channels_last)
-    return model.to(device)
 
 
 class MLP(nn.Module):

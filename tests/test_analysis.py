@@ -10,8 +10,8 @@ import torch
 from torch import nn
 
 from domaingen.algorithms import ALGORITHMS
-from domaingen.analysis.domain_masks import mask_overlap, masked_accuracy, train_weight_mask
-from domaingen.analysis.neurons import (
+from domaingen.inspect.domain_masks import mask_overlap, masked_accuracy, train_weight_mask
+from domaingen.inspect.neurons import (
     activation_rates,
     capture_activations,
     class_means,
@@ -175,7 +175,7 @@ def test_every_algorithm_can_be_diagnosed(name):
     """The diagnose hooks work for every algorithm in the table with no edit elsewhere."""
     import json
 
-    from domaingen.rundir import to_json
+    from domaingen.run.rundir import to_json
 
     space = ALGORITHMS.get(name).hparam_space()
     hp = {**{k: v.default for k, v in space.items()}, "lr": 1e-3, "batch_size": 4, "weight_decay": 0.0,

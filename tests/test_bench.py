@@ -2,9 +2,7 @@
 
 import io
 
-from domaingen import bench
-
-
+from domaingen.bench import benchmarks as bench
 def test_steal_fraction_is_the_share_of_stolen_jiffies():
     # 30 of the 100 jiffies that passed went to other guests.
     assert bench.steal_fraction((10, 1000), (40, 1100)) == 0.3

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from domaingen.bench_baseline import baseline_commit, estimate, export_tree
+from domaingen.bench.baseline import baseline_commit, estimate, export_tree
 
 
 def test_estimate_of_a_selection_run_and_an_all_run():
@@ -49,7 +49,7 @@ def test_the_baseline_is_main_or_the_commit_before_eval_plan(tmp_path):
 
 
 def test_jobs_comparison_alternates_the_trees_and_reports_the_medians(monkeypatch, tmp_path):
-    import domaingen.bench_baseline as bb
+    import domaingen.bench.baseline as bb
 
     calls = []
     walls = {"old": iter([40.0, 36.0, 38.0]), "new": iter([25.0, 27.0, 24.0])}

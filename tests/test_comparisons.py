@@ -9,13 +9,13 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from domaingen.cli import main
-from domaingen.collect import Collection
-from domaingen.comparisons import (argument_differences, default_pairs, field_tables, paired_tables, parse_pairs,
+from domaingen.cli.main import main
+from domaingen.tables.collect import Collection
+from domaingen.tables.comparisons import (argument_differences, default_pairs, field_tables, paired_tables, parse_pairs,
                                    versus_tables)
 from domaingen.errors import DomaingenError
-from domaingen.reporting import build_tables, to_csv, to_markdown
-from domaingen.rundir import to_json
+from domaingen.tables.reporting import build_tables, to_csv, to_markdown
+from domaingen.run.rundir import to_json
 from test_selection import rec
 
 # test accuracy (env 0's in split) per trial at the last step, which training-domain validation picks

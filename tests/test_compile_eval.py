@@ -12,13 +12,13 @@ import torch._dynamo.utils
 
 from conftest import FAST_HPARAMS
 from domaingen.algorithms import ALGORITHMS
-from domaingen.cli import main
+from domaingen.cli.main import main
 from domaingen.errors import DomaingenError
-from domaingen.evaluation import CompiledPredict
+from domaingen.run.evaluation import CompiledPredict
 from domaingen.hparams import draw_hparams
 from domaingen.datasets import DATASETS
-from domaingen.rundir import RunDirectory
-from domaingen.training import TrainConfig, resolve, train
+from domaingen.run.rundir import RunDirectory
+from domaingen.run.training import TrainConfig, resolve, train
 
 ACCURACY_KEYS = [f"env{i}_{s}_acc" for i in range(3) for s in ("in", "out")]
 FALLBACK = "torch.compile failed for evaluation"

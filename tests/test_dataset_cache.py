@@ -10,14 +10,15 @@ import pytest
 import torch
 
 from conftest import FAST_HPARAMS
-from domaingen import evaluation
-from domaingen.cli import main
+from domaingen.run import evaluation
+from domaingen.cli.main import main
 from domaingen.datasets import DATASETS, Environment, MultiDomainDataset, split_environments
 from domaingen.datasets.cache import DatasetCache, cache_key, source_fingerprint, tensor_bytes
 from domaingen.datasets.mnist import ColoredMNIST
-from domaingen.launchers import _RequeueableChunk, chunks, run_job_chunk
-from domaingen.rundir import RunDirectory
-from domaingen.training import TrainConfig, train
+from domaingen.sweep.slurm import _RequeueableChunk
+from domaingen.sweep.workers import chunks, run_job_chunk
+from domaingen.run.rundir import RunDirectory
+from domaingen.run.training import TrainConfig, train
 
 VOLATILE = {"step_time", "mem_gb", "args"}
 
@@ -171,10 +172,10 @@ def test_a_requeued_chunk_skips_done_jobs_and_resumes_the_interrupted_one(tmp_pa
             raise KeyboardInterrupt
         return real_evaluate(*args, **kw)
 
-    monkeypatch.setattr("domaingen.training.evaluate", preempted)
+    monkeypatch.setattr("domaingen.run.training.evaluate", preempted)
     with pytest.raises(KeyboardInterrupt):
         train(TrainConfig(**chunk[1][1]))
-    monkeypatch.setattr("domaingen.training.evaluate", real_evaluate)
+    monkeypatch.setattr("domaingen.run.training.evaluate", real_evaluate)
     assert RunDirectory(chunk[1][1]["output_dir"]).state() == "incomplete"
     results = _RequeueableChunk()(chunk, 1, 256)  # what the requeued Slurm task runs
     assert [r.state for r in results] == ["done"] * 3 and "already done" in results[0].message
@@ -206,7 +207,7 @@ batch_size = 16
 
 def test_slurm_tasks_of_two_jobs_through_submitit_local(tmp_path, capsys):
     pytest.importorskip("submitit")
-    from domaingen.slurm_jobs import read_submissions
+    from domaingen.sweep.slurm_jobs import read_submissions
 
     spec = tmp_path / "spec.toml"
     spec.write_text(SPEC)

@@ -178,7 +178,7 @@ def test_a_colored_mnist_job_does_not_import_torchvision(tmp_path, mnist_dir):
 
     code = (
         "import sys\n"
-        "from domaingen.cli import main\n"
+        "from domaingen.cli.main import main\n"
         f"main(['-q', 'train', '--dataset', 'ColoredMNIST', '--algorithm', 'ERM', '--data_dir', {str(mnist_dir)!r},\n"
         f"      '--output_dir', {str(tmp_path / 'run')!r}, '--steps', '2', '--checkpoint_freq', '2',\n"
         "      '--hparams', '{\"featurizer\": \"MLP\", \"mlp_width\": 16}'])\n"

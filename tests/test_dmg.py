@@ -11,11 +11,11 @@ import torch
 import torch.nn.functional as F
 
 from conftest import FAST_HPARAMS
-from domaingen import training
+from domaingen.run import training
 from domaingen.algorithms import ALGORITHMS
 from domaingen.datasets import DATASETS, split_environments
 from domaingen.errors import DomaingenError
-from domaingen.evaluation import evaluate, training_domains
+from domaingen.run.evaluation import evaluate, training_domains
 from domaingen.hparams import draw_hparams, log_uniform_or_zero
 from domaingen.masks.neuron_masks import (
     DomainNeuronMasks,
@@ -24,8 +24,8 @@ from domaingen.masks.neuron_masks import (
     soft_iou,
     straight_through_bernoulli,
 )
-from domaingen.rundir import RunDirectory
-from domaingen.training import TrainConfig, train
+from domaingen.run.rundir import RunDirectory
+from domaingen.run.training import TrainConfig, train
 from test_algorithms_generic import NUM_DOMAINS, build, separable_batches
 
 MLP_SHAPE = (64,)
@@ -286,8 +286,8 @@ def test_evaluate_without_domain_mapping_reports_no_kd():
 def test_tables_show_known_domain_rows_in_the_in_domain_table_only():
     import pandas as pd
 
-    from domaingen.collect import Collection, expand_modes
-    from domaingen.reporting import build_tables, to_markdown
+    from domaingen.tables.collect import Collection, expand_modes
+    from domaingen.tables.reporting import build_tables, to_markdown
     from test_selection import rec
 
     rows = []

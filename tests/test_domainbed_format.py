@@ -19,9 +19,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from domaingen.cli import main
-from domaingen.collect import collect
-from domaingen.reporting import build_tables, to_csv
+from domaingen.cli.main import main
+from domaingen.tables.collect import collect
+from domaingen.tables.reporting import build_tables, to_csv
 
 # (trial_seed, hparams_seed) -> per checkpoint (step 0, 100, 200): (validation, test) accuracy for test env 0.
 # Validation is the mean `out` accuracy of the training envs 1 and 2, both set to it.

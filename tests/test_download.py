@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from domaingen import download as dl
-from domaingen.cli import main
+from domaingen.datasets import download as dl
+from domaingen.cli.main import main
 from domaingen.datasets import DATASETS
 from domaingen.errors import DomaingenError
 from imagetree import make_folder_tree

@@ -10,13 +10,13 @@ import numpy as np
 import pytest
 
 from conftest import FAST_HPARAMS
-from domaingen.cli import main
-from domaingen.collect import collect
-from domaingen.eval_plan import evaluated_fraction, planned_splits
+from domaingen.cli.main import main
+from domaingen.tables.collect import collect
+from domaingen.run.eval_plan import evaluated_fraction, planned_splits
 from domaingen.errors import RunDirectoryError
-from domaingen.reporting import build_tables
-from domaingen.rundir import RunDirectory
-from domaingen.training import TrainConfig, train
+from domaingen.tables.reporting import build_tables
+from domaingen.run.rundir import RunDirectory
+from domaingen.run.training import TrainConfig, train
 
 ALL3 = ["env0_in", "env0_out", "env1_in", "env1_out", "env2_in", "env2_out"]
 

@@ -6,7 +6,7 @@ import torch
 
 from domaingen.datasets.base import Environment
 from domaingen.datasets.splits import Split
-from domaingen.evaluation import (
+from domaingen.run.evaluation import (
     ACCELERATOR_EVAL_BATCH_SIZE,
     CPU_DENSE_EVAL_BATCH_SIZE,
     CPU_EVAL_BATCH_SIZE,

@@ -16,9 +16,9 @@ import torch.nn.functional as F
 
 from domaingen import plugins
 from domaingen.plugins import load_plugin
-from domaingen.rundir import RunDirectory
+from domaingen.run.rundir import RunDirectory
 from domaingen.testing import build, separable_batches
-from domaingen.training import TrainConfig, train
+from domaingen.run.training import TrainConfig, train
 
 EXAMPLE_SRC = Path(__file__).parent / "example_plugin" / "src"
 SPEC = """

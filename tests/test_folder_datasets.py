@@ -14,12 +14,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from domaingen import download as dl
+from domaingen.datasets import download as dl
 from domaingen import plugins
-from domaingen.cli import main
+from domaingen.cli.main import main
 from domaingen.datasets import DATASETS, ImageFolderDataset
 from domaingen.datasets.images import PACS
-from domaingen.rundir import RunDirectory
+from domaingen.run.rundir import RunDirectory
 from imagetree import make_folder_tree, write_image
 
 SMALL = {"backbone": "resnet18", "pretrained": False, "image_size": 16, "batch_size": 4, "num_workers": 0}

@@ -8,12 +8,13 @@ import queue
 
 import pytest
 
-from domaingen import launchers
-from domaingen.cli import main
+from domaingen.sweep import parallel as launchers
+from domaingen.cli.main import main
 from domaingen.errors import DomaingenError
-from domaingen.gpus import visible_gpus, worker_gpus
-from domaingen.launchers import LaunchOptions, launch
-from domaingen.sweep import build_jobs, parse_spec
+from domaingen.sweep.gpus import visible_gpus, worker_gpus
+from domaingen.sweep.launch import launch
+from domaingen.sweep.workers import LaunchOptions
+from domaingen.sweep.spec import build_jobs, parse_spec
 
 
 @pytest.mark.parametrize("env, count, expected", [

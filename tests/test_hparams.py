@@ -18,7 +18,7 @@ from domaingen.hparams import (
     seed_hash,
     uniform,
 )
-from domaingen.training import TrainConfig, resolve
+from domaingen.run.training import TrainConfig, resolve
 
 
 def space(algorithm="IRM", dataset="ColoredMNIST"):

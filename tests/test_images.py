@@ -10,15 +10,15 @@ import numpy as np
 import pytest
 import torch
 
-from domaingen import training
+from domaingen.run import training
 from domaingen.algorithms import ALGORITHMS
 from domaingen.datasets import DATASETS, split_environments
 from domaingen.datasets.images import PACS
 from domaingen.datasets.loading import FileExamples, InfiniteTrainingBatches, resolve_workers
 from domaingen.errors import DataNotFoundError, DomaingenError
 from domaingen.networks import ResNet, build_featurizer
-from domaingen.rundir import RunDirectory
-from domaingen.training import TrainConfig, train
+from domaingen.run.rundir import RunDirectory
+from domaingen.run.training import TrainConfig, train
 from imagetree import make_folder_tree
 
 PACS_DOMAINS = ["art_painting", "cartoon", "photo", "sketch"]

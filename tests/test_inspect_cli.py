@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from conftest import FAST_HPARAMS
-from domaingen.cli import main
-from domaingen.rundir import RunDirectory
+from domaingen.cli.main import main
+from domaingen.run.rundir import RunDirectory
 
 
 def run_cli(capsys, *argv: str) -> tuple[int, str, str]:
@@ -85,8 +85,8 @@ def test_evaluate_prints_the_record_of_the_checkpoint(runs, capsys, algorithm, c
 
 
 def test_evaluate_in_another_precision_says_how_far_it_moves(runs, capsys):
-    from domaingen.evaluation import split_accuracy
-    from domaingen.reload import load_run, run_precision
+    from domaingen.run.evaluation import split_accuracy
+    from domaingen.run.reload import load_run, run_precision
 
     run = runs["ERM"]  # trained and evaluated in fp32
     loaded = load_run(run, "last")
@@ -109,7 +109,7 @@ def test_evaluate_in_another_precision_says_how_far_it_moves(runs, capsys):
     loaded.args.update(precision="auto", resolved_precision="bf16")
     assert run_precision(loaded) == "bf16"
     loaded.args.pop("resolved_precision")  # a run from before runs recorded it: this machine's auto
-    from domaingen.precision import auto_precision, read_cpu_flags
+    from domaingen.run.precision import auto_precision, read_cpu_flags
     assert loaded.device.type != "cpu" or run_precision(loaded) == auto_precision("cpu", read_cpu_flags())
 
 
@@ -153,8 +153,8 @@ def manual_hidden_activations(model, x):
 
 
 def test_diagnose_writes_selectivity_equal_to_a_hand_forward(runs, tmp_path, capsys):
-    from domaingen.analysis.neurons import class_means, selectivity
-    from domaingen.reload import load_run
+    from domaingen.inspect.neurons import class_means, selectivity
+    from domaingen.run.reload import load_run
 
     run = shutil.copytree(runs["ERM"], tmp_path / "erm")
     code, out, _ = run_cli(capsys, "diagnose", str(run), "--max_examples", "300")

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from conftest import FAST_HPARAMS
-from domaingen.rundir import RunDirectory
+from domaingen.run.rundir import RunDirectory
 
 N_JOBS = 6  # ColoredMNIST's 3 test environments x 2 trials
 
@@ -117,8 +117,7 @@ class _PoolOfGoneWorkers:
 
 
 def test_stopping_a_worker_that_is_already_gone_is_not_an_error(monkeypatch):
-    from domaingen import launchers
-
+    from domaingen.sweep import parallel as launchers
     finished = subprocess.Popen([sys.executable, "-c", "pass"])
     finished.wait()  # reaped: its pid now names no process
     worker = _GoneWorker(finished.pid)

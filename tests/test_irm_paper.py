@@ -16,7 +16,7 @@ from domaingen.datasets import DATASETS, split_environments
 from domaingen.errors import DomaingenError
 from domaingen.hparams import draw_hparams
 from domaingen.networks import IRMPaperMLP, build_classifier
-from domaingen.training import MinibatchSampler, TrainConfig, resolve, train
+from domaingen.run.training import MinibatchSampler, TrainConfig, resolve, train
 from tests.test_datasets import raw_images, raw_labels  # noqa: F401  (module fixtures)
 
 
@@ -201,7 +201,7 @@ def test_a_short_irm_paper_run_records_train_and_test_accuracy(mnist_dir, tmp_pa
 
 
 def test_collect_last_selection_reports_the_final_test_accuracy(mnist_dir, tmp_path, capsys):
-    from domaingen.cli import main
+    from domaingen.cli.main import main
 
     for trial in (0, 1):
         train(TrainConfig(

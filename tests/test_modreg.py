@@ -382,7 +382,7 @@ def test_negative_mask_lr_is_an_error():
 
 
 def test_negative_mask_lr_on_the_command_line_is_one_line_and_exit_2(tmp_path, capsys):
-    from domaingen.cli import main
+    from domaingen.cli.main import main
 
     out = tmp_path / "run"
     code = main(["-q", "train", "--dataset", "ColoredMNIST", "--algorithm", "ERM+ModReg", "--data_dir", "embedded",
@@ -633,8 +633,8 @@ def test_keep_probability_mean_and_percentiles_by_hand():
 
 
 def test_every_checkpoint_record_carries_the_keep_probabilities_per_layer(tmp_path):
-    from domaingen.rundir import RunDirectory
-    from domaingen.training import TrainConfig, train
+    from domaingen.run.rundir import RunDirectory
+    from domaingen.run.training import TrainConfig, train
 
     train(TrainConfig("ColoredMNIST", "ERM+ModReg", str(tmp_path / "run"), test_envs=[2], data_dir="embedded",
                       hparams={"featurizer": "MLP", "mlp_width": 16, "batch_size": 8}, steps=2, checkpoint_freq=1))

@@ -17,13 +17,14 @@ import torch.nn.functional as F
 from conftest import FAST_HPARAMS
 from domaingen import plugins
 from domaingen.algorithms import ALGORITHMS
-from domaingen.cli import main
+from domaingen.cli.main import main
 from domaingen.datasets import DATASETS
-from domaingen.launchers import LaunchOptions, launch, run_job
+from domaingen.sweep.launch import launch
+from domaingen.sweep.workers import LaunchOptions, run_job
 from domaingen.networks import FEATURIZERS, build_featurizer
-from domaingen.rundir import RunDirectory
-from domaingen.sweep import SweepSpec, build_jobs, parse_spec, prepare_sweep_dir, read_recorded_spec, train_command
-from domaingen.training import TrainConfig, train
+from domaingen.run.rundir import RunDirectory
+from domaingen.sweep.spec import SweepSpec, build_jobs, parse_spec, prepare_sweep_dir, read_recorded_spec, train_command
+from domaingen.run.training import TrainConfig, train
 
 EXAMPLE_SRC = Path(__file__).parent / "example_plugin" / "src"
 FAST = json.dumps(FAST_HPARAMS)
@@ -306,8 +307,8 @@ def test_a_broken_entry_point_names_its_package(tmp_path, monkeypatch, capsys):
 @pytest.mark.parametrize("entry", ["slurm", "ray"])
 def test_slurm_and_ray_job_bodies_load_the_jobs_plugins(make_plugin, tmp_path, monkeypatch, entry):
     """What a Slurm job (submitit's pickled callable) and a Ray task run in their own processes."""
-    from domaingen.launchers import _RequeueableChunk
-    from domaingen.ray_launcher import ray_chunk
+    from domaingen.sweep.slurm import _RequeueableChunk
+    from domaingen.sweep.ray_launcher import ray_chunk
 
     chunk_body = _RequeueableChunk() if entry == "slurm" else ray_chunk
 

@@ -9,12 +9,12 @@ import pytest
 import torch
 
 from conftest import FAST_HPARAMS
-from domaingen import precision
+from domaingen.run import precision
 from domaingen.errors import DomaingenError
-from domaingen.precision import auto_precision, cpu_flags, resolve_precision
-from domaingen.rundir import RunDirectory
-from domaingen.sweep import SpecError, build_jobs, parse_spec
-from domaingen.training import TrainConfig, _run_precision, train
+from domaingen.run.precision import auto_precision, cpu_flags, resolve_precision
+from domaingen.run.rundir import RunDirectory
+from domaingen.sweep.spec import SpecError, build_jobs, parse_spec
+from domaingen.run.training import TrainConfig, _run_precision, train
 
 ZEN5 = "processor\t: 0\nvendor_id\t: AuthenticAMD\nflags\t\t: fpu sse2 avx2 avx512f avx512_bf16 avx512_vnni\n\nprocessor\t: 1\n"
 SAPPHIRE_RAPIDS = "flags\t\t: fpu avx2 avx512f avx512_bf16 amx_bf16 amx_tile amx_int8\n"

@@ -12,10 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from domaingen.cli import main
-from domaingen.launchers import LaunchOptions, launch
-from domaingen.runlock import LOCK_FILE
-from domaingen.sweep import build_jobs, load_spec
+from domaingen.cli.main import main
+from domaingen.sweep.launch import launch
+from domaingen.sweep.workers import LaunchOptions
+from domaingen.run.runlock import LOCK_FILE
+from domaingen.sweep.spec import build_jobs, load_spec
 
 SPEC = """
 algorithms = ["ERM"]

@@ -13,9 +13,9 @@ import torch
 
 pytest.importorskip("matplotlib")
 
-from domaingen.cli import main  # noqa: E402
-from domaingen.report import build_report  # noqa: E402
-from domaingen.rundir import to_json  # noqa: E402
+from domaingen.cli.main import main  # noqa: E402
+from domaingen.inspect.report import build_report  # noqa: E402
+from domaingen.run.rundir import to_json  # noqa: E402
 
 STEPS = [0, 10, 20]
 
@@ -148,8 +148,8 @@ def test_unknown_selection_is_one_line(sweep, tmp_path, capsys):
 
 
 def test_synthetic_sweep_of_the_benchmark_collects(tmp_path):
-    from domaingen.bench import write_synthetic_sweep
-    from domaingen.collect import collect
+    from domaingen.bench.benchmarks import write_synthetic_sweep
+    from domaingen.tables.collect import collect
 
     assert write_synthetic_sweep(tmp_path, n_runs=80, records_per_run=2) == 160
     collection = collect(tmp_path)

@@ -9,8 +9,8 @@ import subprocess
 import pandas as pd
 import pytest
 
-from domaingen.collect import Collection
-from domaingen.reporting import build_tables, latex_escape, to_csv, to_latex, to_markdown
+from domaingen.tables.collect import Collection
+from domaingen.tables.reporting import build_tables, latex_escape, to_csv, to_latex, to_markdown
 from test_selection import rec
 
 

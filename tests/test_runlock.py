@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from domaingen.cli import main
-from domaingen.runlock import LOCK_FILE, RunLockedError, is_locked, run_lock
-from domaingen.sweep import build_jobs, load_spec
+from domaingen.cli.main import main
+from domaingen.run.runlock import LOCK_FILE, RunLockedError, is_locked, run_lock
+from domaingen.sweep.spec import build_jobs, load_spec
 
 SPEC = """
 algorithms = ["ERM"]
@@ -67,7 +67,7 @@ def test_a_killed_holder_does_not_block_the_run(tmp_path):
     run = tmp_path / "run"
     holder = subprocess.Popen(
         [sys.executable, "-c",
-         "import sys, time; from domaingen.runlock import run_lock\n"
+         "import sys, time; from domaingen.run.runlock import run_lock\n"
          "with run_lock(sys.argv[1]):\n    print('held', flush=True); time.sleep(600)", str(run)],
         stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])},
     )

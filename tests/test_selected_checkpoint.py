@@ -7,9 +7,9 @@ import pytest
 import torch
 
 from conftest import FAST_HPARAMS
-from domaingen import training
-from domaingen.rundir import RunDirectory
-from domaingen.training import TrainConfig, train
+from domaingen.run import training
+from domaingen.run.rundir import RunDirectory
+from domaingen.run.training import TrainConfig, train
 
 
 def config(out, **kw) -> TrainConfig:

@@ -8,9 +8,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from domaingen.collect import Collection
-from domaingen.reporting import Cell, build_tables, to_csv
-from domaingen.selection import select
+from domaingen.tables.collect import Collection
+from domaingen.tables.reporting import Cell, build_tables, to_csv
+from domaingen.tables.selection import select
 
 
 def rec(alg, test_envs, hseed, trial, step, ins, outs, dataset="Toy"):
@@ -209,7 +209,7 @@ def test_domainbed_output_directories_are_collected(tmp_path):
     """A sweep directory as DomainBed writes it: results.jsonl with its field names and a `done` file."""
     import json
 
-    from domaingen.collect import collect
+    from domaingen.tables.collect import collect
 
     for test_env in (0, 1):
         for trial in (0, 1):

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from domaingen import slurm_jobs
-from domaingen.cli import main
-from domaingen.slurm_jobs import SUBMISSIONS_FILE, read_submissions, scheduler_states, submit_arrays
+from domaingen.sweep import slurm_jobs
+from domaingen.cli.main import main
+from domaingen.sweep.slurm_jobs import SUBMISSIONS_FILE, read_submissions, scheduler_states, submit_arrays
 
 submitit = pytest.importorskip("submitit")
 

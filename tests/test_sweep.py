@@ -16,9 +16,9 @@ import pandas as pd
 import pytest
 
 from conftest import FAST_HPARAMS
-from domaingen.cli import main
-from domaingen.launchers import threads_per_worker
-from domaingen.sweep import build_jobs, job_id, job_states, parse_spec
+from domaingen.cli.main import main
+from domaingen.sweep.workers import threads_per_worker
+from domaingen.sweep.spec import build_jobs, job_id, job_states, parse_spec
 
 SPEC = """
 algorithms = ["ERM", "VREx"]
@@ -103,7 +103,7 @@ def test_parts_are_sub_sweeps_of_the_top_level_keys():
 
 def test_modreg_table1_spec_runs_both_protocols():
     spec_path = Path(__file__).resolve().parents[1] / "sweeps" / "modreg_table1.toml"
-    from domaingen.sweep import load_spec
+    from domaingen.sweep.spec import load_spec
 
     jobs = build_jobs(load_spec(spec_path))
     mlp = [j for j in jobs if j.args["dataset"] == "IRMColoredMNIST"]
@@ -122,7 +122,7 @@ def test_modreg_table1_spec_runs_both_protocols():
 
 
 def test_modreg_table1_cpu_spec_is_part_1_of_the_full_spec_in_bf16_and_a_shorter_cnn_part():
-    from domaingen.sweep import load_spec
+    from domaingen.sweep.spec import load_spec
 
     sweeps = Path(__file__).resolve().parents[1] / "sweeps"
     full, cpu = (build_jobs(load_spec(sweeps / name)) for name in ("modreg_table1.toml", "modreg_table1_cpu.toml"))
@@ -358,7 +358,7 @@ def test_status_reads_the_recorded_spec(tmp_path, capsys):
 
 def test_slurm_jobs_requeue_themselves_with_the_same_arguments():
     submitit = pytest.importorskip("submitit")
-    from domaingen.launchers import _RequeueableChunk
+    from domaingen.sweep.slurm import _RequeueableChunk
 
     job = _RequeueableChunk()
     chunk = [("abc", {"dataset": "ColoredMNIST"}), ("def", {"dataset": "RotatedMNIST"})]

@@ -8,9 +8,9 @@ import json
 import pandas as pd
 import pytest
 
-from domaingen.cli import main
+from domaingen.cli.main import main
 from domaingen.errors import DomaingenError
-from domaingen.sweep_views import draws_table, render, trajectories
+from domaingen.tables.views import draws_table, render, trajectories
 from test_comparisons import write_sweep
 from test_selection import rec
 

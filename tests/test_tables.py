@@ -13,11 +13,11 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from domaingen.cli import main
-from domaingen.collect import collect
-from domaingen.reference import read_reference
-from domaingen.reporting import build_tables, latex_table, to_csv, to_latex, to_markdown
-from domaingen.rundir import ARGS, DONE, FAILED, RESULTS
+from domaingen.cli.main import main
+from domaingen.tables.collect import collect
+from domaingen.tables.reference import read_reference
+from domaingen.tables.reporting import build_tables, latex_table, to_csv, to_latex, to_markdown
+from domaingen.run.rundir import ARGS, DONE, FAILED, RESULTS
 
 RESULTS_DIR = Path(__file__).resolve().parent.parent / "results"
 
@@ -299,7 +299,7 @@ def test_committed_latex_tables_compile(tmp_path, name):
 
 
 def test_wilds_selection_per_trial_on_the_ood_validation_split_with_ties():
-    from domaingen.wilds_selection import wilds_select
+    from domaingen.tables.wilds_selection import wilds_select
 
     def rec(hseed, trial, step, val, test, worst):
         return {"dataset": "FMoWOfficial", "algorithm": "ERM", "test_envs": (1, 2, 3, 4), "hparams_seed": hseed,
@@ -319,7 +319,7 @@ def test_wilds_selection_per_trial_on_the_ood_validation_split_with_ties():
 
 
 def test_jobs_never_launched_keep_their_column_and_say_so(tmp_path, capsys):
-    from domaingen.sweep import build_jobs, parse_spec, prepare_sweep_dir
+    from domaingen.sweep.spec import build_jobs, parse_spec, prepare_sweep_dir
 
     spec = parse_spec({"algorithms": ["ERM"], "datasets": ["ColoredMNIST"], "test_envs": [[0], [2]],
                        "n_hparams": 1, "n_trials": 1, "steps": 2})

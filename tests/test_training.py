@@ -9,11 +9,11 @@ import pytest
 import torch
 
 from conftest import FAST_HPARAMS
-from domaingen import training
+from domaingen.run import training
 from domaingen.algorithms import ALGORITHMS
 from domaingen.datasets import DATASETS, split_environments
-from domaingen.rundir import RunDirectory
-from domaingen.training import DivergedError, TrainConfig, resolve, train
+from domaingen.run.rundir import RunDirectory
+from domaingen.run.training import DivergedError, TrainConfig, resolve, train
 
 VOLATILE = {"step_time", "mem_gb", "args"}
 

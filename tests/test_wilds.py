@@ -10,8 +10,8 @@ from domaingen.datasets import DATASETS
 from domaingen.datasets import wilds as wilds_module
 from domaingen.datasets.wilds import read_camelyon17, read_fmow, read_with_wilds, wilds_installed
 from domaingen.errors import DataNotFoundError, DomaingenError
-from domaingen.rundir import RunDirectory
-from domaingen.training import TrainConfig, train
+from domaingen.run.rundir import RunDirectory
+from domaingen.run.training import TrainConfig, train
 from imagetree import make_fake_camelyon17, make_fake_fmow
 
 SMALL = {"backbone": "resnet18", "pretrained": False, "image_size": 32, "batch_size": 4, "num_workers": 0}
@@ -133,8 +133,8 @@ def test_group_mean_stand_in_matches_a_direct_mean():
 
 @needs_wilds
 def test_collect_tabulates_wilds_metrics_selected_on_the_ood_validation_split(data_dir, tmp_path):
-    from domaingen.collect import collect
-    from domaingen.reporting import build_tables, to_csv, to_markdown
+    from domaingen.tables.collect import collect
+    from domaingen.tables.reporting import build_tables, to_csv, to_markdown
 
     sweep = tmp_path / "sweep"
     for hparams_seed, trial in ((0, 0), (1, 0), (0, 1)):  # two draws in trial 0: selection across draws

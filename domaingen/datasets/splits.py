@@ -8,11 +8,15 @@ Each environment is split once into `out` (holdout_fraction, validation) and
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
-from domaingen.datasets.base import Environment, MultiDomainDataset
+from domaingen.datasets.environment import Environment
 from domaingen.hparams import seed_hash
+
+if TYPE_CHECKING:  # annotations only: the dataset base class imports this module's Split
+    from domaingen.datasets.base import MultiDomainDataset
 
 
 @dataclass

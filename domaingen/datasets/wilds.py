@@ -1,7 +1,7 @@
 """WILDS Camelyon17 and FMoW: one environment per hospital or region, or WILDS' official splits.
 
 The files are WILDS' own (<data_dir>/camelyon17_v1.0, <data_dir>/fmow_v1.1). With the
-`wilds` package installed (pip install 'domaingen[wilds]') its dataset classes read
+`wilds` package installed (pip install 'domaingen-bench[wilds]') its dataset classes read
 the labels, metadata and splits, and the official-split datasets record WILDS'
 `dataset.eval()` metrics. Without it, the leave-one-domain-out datasets read the same
 metadata files with our own reader (the same rules, checked against wilds in the tests).
@@ -26,7 +26,7 @@ from domaingen.errors import DataNotFoundError, DomaingenError
 
 log = logging.getLogger(__name__)
 
-WILDS_INSTALL = "pip install 'domaingen[wilds]'"
+WILDS_INSTALL = "pip install 'domaingen-bench[wilds]'"
 
 FMOW_CATEGORIES = (
     "airport", "airport_hangar", "airport_terminal", "amusement_park", "aquaculture", "archaeological_site", "barn",

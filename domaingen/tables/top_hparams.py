@@ -15,9 +15,9 @@ from typing import Sequence
 import pandas as pd
 from tabulate import tabulate
 
-from domaingen.collect import Collection, expand_modes, n_environments
-from domaingen.reporting import environment_names
-from domaingen.selection import HPARAMS_CHOICE_TITLES, METHOD_TITLES, select
+from domaingen.tables.collect import Collection, expand_modes, n_environments
+from domaingen.tables.reporting import environment_names
+from domaingen.tables.selection import HPARAMS_CHOICE_TITLES, METHOD_TITLES, select
 
 COLUMNS = ["selection", "hparams_choice", "dataset", "algorithm", "test_env", "trial_seed", "hparams_seed", "step",
            "val_acc", "test_acc", "run", "hparams"]

@@ -22,7 +22,7 @@ from typing import Sequence
 import pandas as pd
 
 from domaingen.errors import DomaingenError
-from domaingen.reporting import Cell, Table
+from domaingen.tables.reporting import Cell, Table
 
 NOT_FIELDS = {"step", "epoch", "run", "dataset", "algorithm", "test_envs", "hparams_seed", "trial_seed", "hparams",
               "data_source", "base_algorithm"}

@@ -32,7 +32,7 @@ from typing import Callable
 import numpy as np
 import pandas as pd
 
-from domaingen.collect import n_environments
+from domaingen.tables.collect import n_environments
 from domaingen.errors import DomaingenError
 
 RUN_COLUMNS = ["dataset", "algorithm", "test_env", "hparams_seed", "trial_seed"]

@@ -81,7 +81,7 @@ def compare_with_record(accuracies: Mapping[str, float], record: Mapping[str, An
 
 
 def evaluate_command(ns: argparse.Namespace) -> int:
-    from domaingen.reload import evaluate_run, load_run, run_precision
+    from domaingen.run.reload import evaluate_run, load_run, run_precision
 
     loaded = load_run(ns.run_dir, ns.checkpoint, ns.data_dir, ns.device)
     accuracies = evaluate_run(loaded, ns.precision)
@@ -133,12 +133,12 @@ def diagnose_command(ns: argparse.Namespace) -> int:
     import time
     from pathlib import Path
 
-    from domaingen.diagnose import DEFAULT_MAX_EXAMPLES, diagnose
+    from domaingen.inspect.diagnose import DEFAULT_MAX_EXAMPLES, diagnose
     from domaingen.errors import DomaingenError
-    from domaingen.reload import load_run
-    from domaingen.rundir import atomic_write_bytes, to_json
+    from domaingen.run.reload import load_run
+    from domaingen.run.rundir import atomic_write_bytes, to_json
 
-    from domaingen.diagnose import DEFAULT_MASK_STEPS, domain_weight_masks
+    from domaingen.inspect.diagnose import DEFAULT_MASK_STEPS, domain_weight_masks
 
     max_examples = DEFAULT_MAX_EXAMPLES if ns.max_examples is None else ns.max_examples
     if max_examples < 1:
@@ -176,8 +176,8 @@ COMMANDS["diagnose"] = diagnose_command
 
 
 def report_command(ns: argparse.Namespace) -> int:
-    from domaingen.report import build_report
-    from domaingen.sweep_cli import load_recorded_plugins
+    from domaingen.inspect.report import build_report
+    from domaingen.cli.sweep_commands import load_recorded_plugins
 
     load_recorded_plugins(ns.sweep_dir)
     print(build_report(ns.sweep_dir, ns.output, ns.selection).message)

@@ -12,10 +12,10 @@ from typing import Any
 
 import torch
 
-from domaingen.analysis.neurons import capture_activations, layer_statistics
+from domaingen.inspect.neurons import capture_activations, layer_statistics
 from domaingen.datasets.splits import Split
-from domaingen.networks import to_device
-from domaingen.reload import LoadedRun
+from domaingen.devices import to_device
+from domaingen.run.reload import LoadedRun
 
 log = logging.getLogger(__name__)
 
@@ -118,7 +118,7 @@ def domain_weight_masks(
     from torch.func import functional_call
 
     from domaingen.algorithms.base import classification_loss
-    from domaingen.analysis.domain_masks import (
+    from domaingen.inspect.domain_masks import (
         MASK_ALPHA,
         MASK_LR,
         mask_overlap,

@@ -25,13 +25,13 @@ else:  # pragma: no cover
 from domaingen.algorithms import ALGORITHMS
 from domaingen.datasets import DATASETS
 from domaingen.errors import DomaingenError
-from domaingen.eval_plan import check_eval_splits
+from domaingen.run.eval_plan import check_eval_splits
 from domaingen.hparams import run_space
 from domaingen.plugins import load_plugins, merge_specs
-from domaingen.runlock import is_locked
-from domaingen.rundir import DONE_STATE, FAILED_STATE, INCOMPLETE, NOT_LAUNCHED, RunDirectory, atomic_write_bytes
-from domaingen.precision import REQUESTED_PRECISIONS
-from domaingen.training import NON_IDENTITY_ARGS, TrainConfig
+from domaingen.run.runlock import is_locked
+from domaingen.run.rundir import DONE_STATE, FAILED_STATE, INCOMPLETE, NOT_LAUNCHED, RunDirectory, atomic_write_bytes
+from domaingen.run.precision import REQUESTED_PRECISIONS
+from domaingen.run.training import NON_IDENTITY_ARGS, TrainConfig
 
 SPEC_FILE = "sweep.json"
 STATES = (DONE_STATE, INCOMPLETE, FAILED_STATE, NOT_LAUNCHED)

@@ -21,9 +21,9 @@ from typing import Sequence
 import pandas as pd
 from tabulate import tabulate
 
-from domaingen.comparisons import NOT_FIELDS
+from domaingen.tables.comparisons import NOT_FIELDS
 from domaingen.errors import DomaingenError
-from domaingen.selection import training_domain_validation
+from domaingen.tables.selection import training_domain_validation
 
 FORMATS = ("markdown", "csv")
 

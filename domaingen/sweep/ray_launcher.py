@@ -15,10 +15,11 @@ import socket
 from typing import Any, Mapping, Sequence
 
 from domaingen.errors import DomaingenError
+from domaingen.sweep.workers import JobResult, available_cores, chunks, job_kwargs, progress_bar, run_job_chunk
 
 log = logging.getLogger(__name__)
 
-INSTALL_HINT = "pip install 'domaingen[ray]'"
+INSTALL_HINT = "pip install 'domaingen-bench[ray]'"
 OBJECT_STORE_BYTES = 256 * 2**20  # a local instance passes job arguments and results only: keep /dev/shm free
 MAX_RETRIES = 3  # Ray's own default for tasks whose worker died
 
@@ -78,27 +79,23 @@ def connect(ray: Any, address: str | None, num_cpus: int) -> bool:
 def ray_chunk(chunk: Sequence[tuple[str, Mapping[str, Any]]], threads: int | None, cache_mb: float | None) -> Any:
     """The task body: run_job_chunk (one job, or --jobs_per_task of them) with the worker's logging kept
     out of the driver's console. Ray's workers live across tasks, so their dataset cache does too."""
-    from domaingen.launchers import run_job_chunk
-
     logging.getLogger("domaingen").propagate = False
     return run_job_chunk(chunk, threads, cache_mb)
 
 
 def launch_ray(jobs: Sequence[Any], sweep_dir: str, data_dir: str | None, options: Any) -> list[Any]:
     """Run every job as a Ray task; returns one JobResult per job, a dead task's as failed."""
-    from domaingen.launchers import JobResult, _job_kwargs, _progress, available_cores, chunks
-
     ray = import_ray()
     started = connect(ray, options.ray_address, available_cores())
     try:
         # a task that dies is retried whole: its done jobs are skipped, the interrupted one resumes
         task = ray.remote(num_cpus=options.ray_cpus, num_gpus=options.ray_gpus, max_retries=MAX_RETRIES)(ray_chunk)
         threads = options.threads or max(1, int(options.ray_cpus))
-        groups = chunks([(job.job_id, _job_kwargs(job, sweep_dir, data_dir)) for job in jobs], options.jobs_per_task)
+        groups = chunks([(job.job_id, job_kwargs(job, sweep_dir, data_dir)) for job in jobs], options.jobs_per_task)
         pending = {task.remote(group, threads, options.dataset_cache_mb): [job_id for job_id, _ in group]
                    for group in groups}
         results = []
-        with _progress(len(jobs), options) as bar:
+        with progress_bar(len(jobs), options) as bar:
             while pending:
                 ready, _ = ray.wait(list(pending), num_returns=1)
                 for ref in ready:

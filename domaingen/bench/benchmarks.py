@@ -20,10 +20,11 @@ from tabulate import tabulate
 
 from domaingen.algorithms import ALGORITHMS
 from domaingen.datasets import DATASETS, resolve_data_dir, split_environments
-from domaingen.evaluation import ACCELERATOR_EVAL_BATCH_SIZE, CompiledPredict, autocast_context, eval_batch_size, evaluate
+from domaingen.run.evaluation import ACCELERATOR_EVAL_BATCH_SIZE, CompiledPredict, autocast_context, eval_batch_size, evaluate
 from domaingen.hparams import draw_hparams, run_space
-from domaingen.networks import MNIST_CNN, place_model, resolve_device, to_device
-from domaingen.training import MinibatchSampler, peak_memory_gb
+from domaingen.devices import place_model, resolve_device, to_device
+from domaingen.networks import MNIST_CNN
+from domaingen.run.training import MinibatchSampler, peak_memory_gb
 
 
 def cpu_time_counters() -> tuple[int, int] | None:
@@ -315,10 +316,10 @@ def bench_bookkeeping(n_runs: int = 10_000, n_records: int = 10_000) -> list[lis
     import tempfile
     from pathlib import Path
 
-    from domaingen.collect import collect
-    from domaingen.reporting import build_tables, to_markdown
-    from domaingen.rundir import ARGS, DONE, to_json
-    from domaingen.sweep import build_jobs, job_states, parse_spec
+    from domaingen.tables.collect import collect
+    from domaingen.tables.reporting import build_tables, to_markdown
+    from domaingen.run.rundir import ARGS, DONE, to_json
+    from domaingen.sweep.spec import build_jobs, job_states, parse_spec
 
     rows = []
     spec = parse_spec({"algorithms": ALGORITHMS.names(), "datasets": ["ColoredMNIST", "RotatedMNIST"],
@@ -363,7 +364,7 @@ def write_synthetic_sweep(root, n_runs: int = 10_000, records_per_run: int = 11)
     import json
     from pathlib import Path
 
-    from domaingen.rundir import DONE, RESULTS, to_json
+    from domaingen.run.rundir import DONE, RESULTS, to_json
 
     algorithms = ["ERM", "IRM", "VREx", "Fish", "SANDMask", "DMG", "ERM+ModReg", "IRM+ModReg"]
     combos = [(ds, alg, env) for ds, n_envs in (("ColoredMNIST", 3), ("RotatedMNIST", 6))
@@ -399,7 +400,7 @@ def bench_report(n_runs: int = 10_000, records_per_run: int = 11) -> list[list]:
     import tempfile
     from pathlib import Path
 
-    from domaingen.report import build_report
+    from domaingen.inspect.report import build_report
 
     with tempfile.TemporaryDirectory() as tmp:
         start = time.perf_counter()
@@ -429,10 +430,10 @@ def bench_diagnose(data_dir: str) -> list[list]:
     import tempfile
     from pathlib import Path
 
-    from domaingen.diagnose import diagnose
-    from domaingen.reload import load_run
-    from domaingen.rundir import RunDirectory, to_json
-    from domaingen.training import TrainConfig, resolve
+    from domaingen.inspect.diagnose import diagnose
+    from domaingen.run.reload import load_run
+    from domaingen.run.rundir import RunDirectory, to_json
+    from domaingen.run.training import TrainConfig, resolve
 
     run = resolve(TrainConfig(dataset="ColoredMNIST", algorithm="ERM", output_dir="", test_envs=[2], data_dir=data_dir))
     with tempfile.TemporaryDirectory() as tmp:
@@ -530,13 +531,13 @@ def main(argv: list[str] | None = None) -> int:
     if ns.only in (None, "training"):
         rows += bench_training(data_dir, ns.algorithm, ns.steps, ns.skip_fp32_eval)
     if ns.only in (None, "fullrun"):
-        from domaingen.bench_baseline import main_rows
+        from domaingen.bench.baseline import main_rows
 
         rows += main_rows("fullrun", data_dir, max(5, ns.steps // 2), ns.baseline, ns.jobs)
     if ns.only in (None, "training", "floor", "fullrun"):
         rows += bench_convolution_floor(max(3, ns.steps // 2))
     if ns.only in (None, "jobs"):
-        from domaingen.bench_baseline import main_rows
+        from domaingen.bench.baseline import main_rows
 
         rows += main_rows("jobs", data_dir, ns.steps, ns.baseline, ns.jobs, ns.repeats)
     if ns.only in (None, "overhead"):

@@ -12,7 +12,7 @@ from torch import nn
 from domaingen.algorithms.base import Algorithm
 from domaingen.datasets.base import MultiDomainDataset
 from domaingen.datasets.splits import Split
-from domaingen.networks import has_convolutions, to_device
+from domaingen.devices import has_convolutions, to_device
 
 CPU_EVAL_BATCH_SIZE = 128
 CPU_DENSE_EVAL_BATCH_SIZE = 1024

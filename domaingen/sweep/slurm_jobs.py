@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
-from domaingen.rundir import read_jsonl, to_json
+from domaingen.run.rundir import read_jsonl, to_json
 
 log = logging.getLogger(__name__)
 

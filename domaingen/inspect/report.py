@@ -25,11 +25,11 @@ from typing import Any, Sequence
 import numpy as np
 import pandas as pd
 
-from domaingen.collect import Collection, collect
+from domaingen.tables.collect import Collection, collect
 from domaingen.errors import DomaingenError
-from domaingen.reporting import build_tables, done_runs
-from domaingen.rundir import DONE, FAILED, RESULTS, SELECTED, read_jsonl
-from domaingen.selection import METHOD_TITLES, select
+from domaingen.tables.reporting import build_tables, done_runs
+from domaingen.run.rundir import DONE, FAILED, RESULTS, SELECTED, read_jsonl
+from domaingen.tables.selection import METHOD_TITLES, select
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +59,7 @@ def _pyplot() -> _Figures:
     try:
         return _Figures()
     except ImportError:
-        raise DomaingenError("domaingen report needs matplotlib: pip install 'domaingen[plots]'") from None
+        raise DomaingenError("domaingen report needs matplotlib: pip install 'domaingen-bench[plots]'") from None
 
 
 @dataclass

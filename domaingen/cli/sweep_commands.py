@@ -13,12 +13,13 @@ from tabulate import tabulate
 
 from domaingen.errors import DomaingenError
 from domaingen.hparams import parse_overrides
-from domaingen.launchers import NOT_SUBMITTED, SUBMITTED, LaunchOptions, check_options, launch
+from domaingen.sweep.launch import check_options, launch
+from domaingen.sweep.workers import NOT_SUBMITTED, SUBMITTED, LaunchOptions
 from domaingen.plugins import PluginError, load_plugins, loaded_plugins, merge_specs, portable, recorded_plugins
-from domaingen.rundir import DONE_STATE, FAILED_STATE, INCOMPLETE, NOT_LAUNCHED
-from domaingen.runlock import is_locked
-from domaingen.slurm_jobs import ACTIVE_STATES, active_jobs, describe, read_submissions, scheduler_states
-from domaingen.sweep import (
+from domaingen.run.rundir import DONE_STATE, FAILED_STATE, INCOMPLETE, NOT_LAUNCHED
+from domaingen.run.runlock import is_locked
+from domaingen.sweep.slurm_jobs import ACTIVE_STATES, active_jobs, describe, read_submissions, scheduler_states
+from domaingen.sweep.spec import (
     STATES,
     SpecError,
     build_jobs,
@@ -209,11 +210,11 @@ def load_recorded_plugins(sweep_dir: str) -> None:
 def collect_command(ns: argparse.Namespace) -> int:
     import pandas as pd
 
-    from domaingen.comparisons import field_tables, paired_tables, parse_pairs
-    from domaingen.reference import read_reference
-    from domaingen.reporting import build_tables, to_csv, to_latex, to_markdown
-    from domaingen.selection import check_hparams_choice
-    from domaingen.top_hparams import top_hparams_csv, top_hparams_markdown
+    from domaingen.tables.comparisons import field_tables, paired_tables, parse_pairs
+    from domaingen.tables.reference import read_reference
+    from domaingen.tables.reporting import build_tables, to_csv, to_latex, to_markdown
+    from domaingen.tables.selection import check_hparams_choice
+    from domaingen.tables.top_hparams import top_hparams_csv, top_hparams_markdown
 
     check_hparams_choice(ns.hparams_choice)
     pairs = parse_pairs(ns.paired)
@@ -234,7 +235,7 @@ def collect_command(ns: argparse.Namespace) -> int:
     reference = pd.concat([read_reference(f) for f in ns.reference], ignore_index=True) if ns.reference else None
     collection = _collection(ns.input_dir, ns)
     if ns.trajectories or ns.draws:
-        from domaingen.sweep_views import draws_table, render, trajectories
+        from domaingen.tables.views import draws_table, render, trajectories
 
         if ns.trajectories:
             text = render(trajectories(collection.records, ns.trajectories),
@@ -270,7 +271,7 @@ def collect_command(ns: argparse.Namespace) -> int:
 
 def _collection(sweep_dir: str, ns: argparse.Namespace):
     """The records and runs of `sweep_dir` as collect tabulates them (with --datasets applied)."""
-    from domaingen.collect import collect, only_datasets
+    from domaingen.tables.collect import collect, only_datasets
 
     load_recorded_plugins(sweep_dir)
     collection = collect(sweep_dir, allow_mixed_sources=ns.allow_mixed_sources)
@@ -283,8 +284,8 @@ def _collection(sweep_dir: str, ns: argparse.Namespace):
 def _versus_text(collection, methods: Sequence[str], ns: argparse.Namespace) -> str:
     """`collect --versus`: the two sweeps' cells and their paired differences, after a line
     saying how their twin runs' arguments differ (a comment in LaTeX; stderr for CSV)."""
-    from domaingen.comparisons import argument_differences, versus_tables
-    from domaingen.reporting import build_tables, done_runs, to_csv, to_latex, to_markdown
+    from domaingen.tables.comparisons import argument_differences, versus_tables
+    from domaingen.tables.reporting import build_tables, done_runs, to_csv, to_latex, to_markdown
 
     if not Path(ns.versus).is_dir():
         raise DomaingenError(f"--versus {ns.versus}: no such directory; name a sweep directory to compare with")
@@ -307,7 +308,7 @@ def _versus_text(collection, methods: Sequence[str], ns: argparse.Namespace) -> 
 
 def _recorded_args(sweep_dir: str) -> list[dict]:
     """The args.json of every run directory directly under `sweep_dir`."""
-    from domaingen.rundir import RunDirectory
+    from domaingen.run.rundir import RunDirectory
 
     found = []
     for path in sorted(Path(sweep_dir).iterdir()):

@@ -12,7 +12,7 @@ from typing import Iterator, Sequence
 
 from tabulate import tabulate
 
-from domaingen import inspect_cli
+from domaingen.cli import inspect_commands as inspect_cli
 from domaingen.errors import DomaingenError
 
 log = logging.getLogger("domaingen")
@@ -71,7 +71,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _add_download_parser(sub: argparse._SubParsersAction) -> None:
-    from domaingen.download import DATASETS as DOWNLOADABLE
+    from domaingen.datasets.download import DATASETS as DOWNLOADABLE
 
     p = sub.add_parser("download", help="fetch a dataset from its official source into --data_dir")
     p.add_argument("--dataset", required=True, choices=DOWNLOADABLE)
@@ -200,7 +200,7 @@ def _add_collect_parser(sub: argparse._SubParsersAction) -> None:
 
 def cmd_train(ns: argparse.Namespace) -> int:
     from domaingen.plugins import load_plugins, recorded_plugins
-    from domaingen.training import TrainConfig, train
+    from domaingen.run.training import TrainConfig, train
 
     load_plugins(recorded_plugins(ns.output_dir))  # resuming a run: the plugins it was started with
     config = TrainConfig(
@@ -286,20 +286,18 @@ def _print_plugins() -> None:
 
 
 def cmd_sweep(ns: argparse.Namespace) -> int:
-    from domaingen import sweep_cli
-
+    from domaingen.cli import sweep_commands as sweep_cli
     return sweep_cli.run(ns)
 
 
 def cmd_collect(ns: argparse.Namespace) -> int:
-    from domaingen import sweep_cli
-
+    from domaingen.cli import sweep_commands as sweep_cli
     return sweep_cli.collect_command(ns)
 
 
 def cmd_download(ns: argparse.Namespace) -> int:
     from domaingen.datasets import resolve_data_dir
-    from domaingen.download import download
+    from domaingen.datasets.download import download
 
     print(download(ns.dataset, resolve_data_dir(ns.data_dir)))
     return 0

@@ -18,12 +18,12 @@ from domaingen.algorithms import Algorithm
 from domaingen.datasets import MultiDomainDataset, split_environments
 from domaingen.datasets.splits import Split
 from domaingen.errors import RunDirectoryError
-from domaingen.evaluation import evaluate, training_domains
-from domaingen.networks import place_model, resolve_device
+from domaingen.run.evaluation import evaluate, training_domains
+from domaingen.devices import place_model, resolve_device
 from domaingen.plugins import load_plugins
-from domaingen.precision import resolve_precision
-from domaingen.rundir import RunDirectory
-from domaingen.training import TrainConfig, resolve
+from domaingen.run.precision import resolve_precision
+from domaingen.run.rundir import RunDirectory
+from domaingen.run.training import TrainConfig, resolve
 
 log = logging.getLogger(__name__)
 

@@ -19,7 +19,7 @@ from typing import Sequence
 import pandas as pd
 
 from domaingen.errors import DomaingenError
-from domaingen.rundir import DONE, FAILED, RESULTS, read_jsonl
+from domaingen.run.rundir import DONE, FAILED, RESULTS, read_jsonl
 
 log = logging.getLogger(__name__)
 

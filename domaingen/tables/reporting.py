@@ -21,11 +21,11 @@ import numpy as np
 import pandas as pd
 from tabulate import tabulate
 
-from domaingen.collect import Collection, RunGrid, data_sources, expand_modes, n_environments
+from domaingen.tables.collect import Collection, RunGrid, data_sources, expand_modes, n_environments
 from domaingen.datasets import DATASETS
-from domaingen.reference import reference_rows
-from domaingen.selection import HPARAMS_CHOICE_TITLES, METHOD_TITLES, check_hparams_choice, select
-from domaingen.wilds_selection import WILDS_PREFIX, wilds_metric_columns, wilds_select
+from domaingen.tables.reference import reference_rows
+from domaingen.tables.selection import HPARAMS_CHOICE_TITLES, METHOD_TITLES, check_hparams_choice, select
+from domaingen.tables.wilds_selection import WILDS_PREFIX, wilds_metric_columns, wilds_select
 
 ERRORS = ("domainbed", "se", "std")
 ERROR_TITLES = {
@@ -374,7 +374,7 @@ def build_tables(
 ) -> list[Table]:
     """Every table for the given selection methods, in reading order, then WILDS' metrics tables.
 
-    `reference` (domaingen.reference.read_reference) adds published rows to the tables they match.
+    `reference` (domaingen.tables.reference.read_reference) adds published rows to the tables they match.
     """
     check_hparams_choice(hparams_choice)
     tables: list[Table] = []

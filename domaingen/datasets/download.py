@@ -300,7 +300,7 @@ def download_wilds(name: str) -> Callable[[Path], str]:
         try:
             from wilds import get_dataset
         except ImportError:
-            raise DomaingenError(f"downloading {name} needs the wilds package: pip install 'domaingen[wilds]'") from None
+            raise DomaingenError(f"downloading {name} needs the wilds package: pip install 'domaingen-bench[wilds]'") from None
         try:
             dataset = get_dataset(dataset=name, root_dir=str(data_dir), download=True)
         except (urllib.error.URLError, OSError) as exc:

@@ -33,17 +33,23 @@ import json, statistics, sys, time
 import torch
 from domaingen.algorithms import ALGORITHMS
 from domaingen.datasets import DATASETS, split_environments
-from domaingen.evaluation import autocast_context, evaluate
 from domaingen.hparams import draw_hparams
 from domaingen.networks import place_model, resolve_device
-from domaingen.training import MinibatchSampler, TrainConfig
 import os
 import domaingen
 # the editable install's finder would serve this module from the current tree: look in the probed one
-if os.path.exists(os.path.join(os.path.dirname(domaingen.__file__), "eval_plan.py")):
-    from domaingen.eval_plan import DEFAULT_EVAL_SPLITS, planned_splits
-else:  # a tree from before --eval_splits evaluates every split
-    DEFAULT_EVAL_SPLITS, planned_splits = "all", None
+here = os.path.dirname(domaingen.__file__)
+if os.path.isdir(os.path.join(here, "run")):  # the package layout with subpackages
+    from domaingen.run.evaluation import autocast_context, evaluate
+    from domaingen.run.training import MinibatchSampler, TrainConfig
+    from domaingen.run.eval_plan import DEFAULT_EVAL_SPLITS, planned_splits
+else:
+    from domaingen.evaluation import autocast_context, evaluate
+    from domaingen.training import MinibatchSampler, TrainConfig
+    if os.path.exists(os.path.join(here, "eval_plan.py")):
+        from domaingen.eval_plan import DEFAULT_EVAL_SPLITS, planned_splits
+    else:  # a tree from before --eval_splits evaluates every split
+        DEFAULT_EVAL_SPLITS, planned_splits = "all", None
 cfg = json.loads(sys.argv[1])
 precision, steps, threads = cfg["precision"], cfg["steps"], cfg["threads"]
 if threads:
@@ -156,7 +162,7 @@ def fullrun_rows(repo: Path, data_dir: str, steps: int, baseline: str = "main", 
     """Per precision: the estimated published-protocol run of this tree beside the baseline's, and their ratio;
     then the same at each tree's defaults."""
     commit = baseline_commit(repo, baseline)
-    here = here or Path(__file__).resolve().parents[1]
+    here = here or Path(__file__).resolve().parents[2]
     rows: list[list] = []
     measured: dict[tuple[str, str], dict[str, Any]] = {}
     with tempfile.TemporaryDirectory(prefix="domaingen-baseline-") as tmp:
@@ -235,7 +241,7 @@ def jobs_rows(repo: Path, data_dir: str, n_jobs: int = 24, steps: int = 41, base
     single test environment, n_jobs / 3 trials, `steps` steps, --launcher local), this tree against the
     baseline, alternating baseline and tree `repeats` times in one run; the ratio is of the medians."""
     commit = baseline_commit(repo, baseline)
-    here = here or Path(__file__).resolve().parents[1]
+    here = here or Path(__file__).resolve().parents[2]
     n_trials = max(1, n_jobs // 3)
     old, new, cpu_old, cpu_new = [], [], [], []
     with tempfile.TemporaryDirectory(prefix="domaingen-jobs-") as tmp:
@@ -284,7 +290,7 @@ def cpu_name() -> str:
 
 def header_rows() -> list[list]:
     """CPU, its bf16 support, cores and load: printed first by the comparing sections."""
-    from domaingen.precision import NATIVE_BF16_CPU_FLAGS, read_cpu_flags
+    from domaingen.run.precision import NATIVE_BF16_CPU_FLAGS, read_cpu_flags
 
     native = sorted(NATIVE_BF16_CPU_FLAGS & read_cpu_flags())
     return [["CPU", f"{cpu_name()}, {os.cpu_count()} logical CPUs, native bf16: {', '.join(native) or 'no'}"],

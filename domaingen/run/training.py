@@ -18,13 +18,13 @@ from domaingen.datasets import DATASETS, MultiDomainDataset, resolve_data_dir, s
 from domaingen.datasets.cache import DatasetCache
 from domaingen.datasets.sampling import MinibatchSampler  # noqa: F401  (re-exported: bench and older code import it here)
 from domaingen.errors import DomaingenError, RunDirectoryError
-from domaingen.eval_plan import DEFAULT_EVAL_SPLITS, LEGACY_EVAL_SPLITS, check_eval_splits, planned_splits
-from domaingen.evaluation import CompiledPredict, autocast_context, eval_batch_size, evaluate, training_domains
+from domaingen.run.eval_plan import DEFAULT_EVAL_SPLITS, LEGACY_EVAL_SPLITS, check_eval_splits, planned_splits
+from domaingen.run.evaluation import CompiledPredict, autocast_context, eval_batch_size, evaluate, training_domains
 from domaingen.hparams import apply_overrides, draw_hparams, parse_overrides, run_space, seed_hash
-from domaingen.networks import place_model, resolve_device
+from domaingen.devices import place_model, resolve_device
 from domaingen.plugins import load_plugins, loaded_plugins, merge_specs, portable, split_specs
-from domaingen.precision import PRECISIONS, REQUESTED_PRECISIONS, resolve_precision
-from domaingen.rundir import DONE_STATE, FAILED_STATE, LOG, RunDirectory
+from domaingen.run.precision import PRECISIONS, REQUESTED_PRECISIONS, resolve_precision
+from domaingen.run.rundir import DONE_STATE, FAILED_STATE, LOG, RunDirectory
 
 log = logging.getLogger(__name__)
 

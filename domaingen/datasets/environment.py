@@ -1,0 +1,33 @@
+"""One domain held in memory: the unit every split, sampler and dataset is built from."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class Environment:
+    """One domain held in memory: compact inputs (e.g. uint8) and integer labels.
+
+    `x` is stored as it came from disk and turned into float inputs only per
+    batch, which keeps 70k-image datasets small and fast to build.
+    """
+
+    name: str
+    x: torch.Tensor
+    y: torch.Tensor
+    scale: float = 1.0 / 255.0
+    source_index: torch.Tensor | None = None  # positions in the source data, for provenance
+
+    def __len__(self) -> int:
+        return len(self.y)
+
+    def inputs(self, index: torch.Tensor | slice) -> torch.Tensor:
+        """Float inputs of the examples at `index`."""
+        return self.x[index].float().mul_(self.scale)
+
+    def batch(self, index: torch.Tensor | slice) -> tuple[torch.Tensor, torch.Tensor]:
+        """(float inputs, labels) of the examples at `index`."""
+        return self.inputs(index), self.y[index]

@@ -1,0 +1,106 @@
+r"""Looking inside runs: `domaingen evaluate` and `diagnose` (diagnose.py, with neurons.py and
+domain_masks.py: pure functions, tested by hand) and the HTML report of a sweep (report.py).
+
+Reference (moved here from the README; `python -m pydoc domaingen.inspect` prints it):
+
+### `domaingen evaluate`: reload the selected model
+
+```
+domaingen evaluate RUN_DIR [--checkpoint selected|last] [--data_dir DIR] [--device cpu] [--precision fp32|bf16]
+```
+rebuilds the run's dataset and splits from its `args.json`, loads the weights
+of `selected.pt` (default) or of `checkpoint.pt` (`--checkpoint last`), and
+prints every environment's in/out accuracy, plus the algorithm's test-time
+modes (`Algorithm.EVAL_MODES`: DMG's `mask_ens` and known-domain `kd`, which is
+undefined, `-`, on a held-out environment). The last line compares them with the
+record written at that step (`equal to the record of step 50 (18 accuracies)`).
+`--precision` evaluates the same weights in another precision than the run's own (what
+its `auto` resolved to where it started), and that last line then says how far the
+accuracies move. `--data_dir` defaults to the directory the run was trained from. A run made
+before runs kept `selected.pt` gets one line that says so and offers
+`--checkpoint last`; missing data gives the same one-line error as `train`.
+Neither writes anything into the run directory.
+
+### `domaingen diagnose`: what the network does inside
+
+```
+domaingen diagnose RUN_DIR [--checkpoint selected|last] [--max_examples 2000]
+                           [--domain_masks [--mask_steps 300]] [--output FILE]
+```
+writes `RUN_DIR/diagnostics.json` (or `--output`) and prints a summary, for
+any algorithm. The examples of an environment are data the model never trained
+on: a training environment's `out` split, the held-out environment's `in`
+split (where test accuracy is measured), at most `--max_examples` of each.
+
+- **Neuron selectivity**, per layer and environment, as the feature-contamination
+  paper defines it (Zhang et al., ICML 2024, after Morcos et al. 2018): with
+  mu_c a neuron's mean post-ReLU activation over the examples of class c,
+  selectivity = (mu_max - mean of the other classes' mu) / (mu_max + that mean + 1e-8);
+  0 for a silent neuron, 1 for a neuron that fires for one class only. A
+  convolution's neuron is a channel, its activation the mean over positions.
+  The layers are the featurizer's ReLUs (a ResNet's `layer1`..`layer4`
+  outputs). Per layer: every neuron's value and the mean and quartiles, per
+  environment and pooled over the training environments (`train`) and the
+  held-out ones (`test`).
+- **Class-conditional activation rates**: per layer and class, the fraction of
+  examples on which a neuron's activation is > 0 (mean over neurons), and the
+  fraction of dead neurons.
+- **Algorithm sections**, from the algorithm class's `model_diagnostics()` hook:
+  DMG's `dmg_masks` (per masked layer the domain x neuron probabilities, the
+  discrete masks and their pairwise IoU), X+ModReg's `modreg_masks` (per layer
+  kept weights, input features kept, the distribution of sigmoid(logit) with a
+  20-bin histogram). Neurons are recorded during `activation_forward` (DMG:
+  one Mask-Ens pass), from the modules `activation_layers()` names; both hooks
+  have defaults in `Algorithm`, so a new algorithm is diagnosed with no edit
+  elsewhere, and adds a section by overriding `model_diagnostics()`.
+- **Weight sharing across domains** (`--domain_masks`): Csordás et al.'s weight
+  masks (ICLR 2021) applied to domains. The weights are frozen; for each
+  training domain a mask over every Linear and Conv2d weight (the Gumbel-sigmoid
+  straight-through masks of `domaingen.masks`, logits starting at 2.0) is trained
+  on that domain's `in` split alone, with cross-entropy plus alpha * sum of the
+  logits, Adam at lr 1e-2, batch 64, `--mask_steps` steps (300). Reported per
+  layer: each domain's kept fraction, the fraction of kept weights that every
+  domain keeps, the pairwise IoU; and per domain the accuracy on its `out` split
+  with its mask beside the unmasked network's. alpha = 1e-5 is our choice, not a
+  published value: on the ERM MLP of `results/inside/` alpha = 1e-6 kept every
+  weight after 150 steps and 1e-4 removed nearly all of them after 300; treat
+  the masks of a bounded run as a coarse view.
+
+Cost: `make bench` (`--only diagnose`) times `diagnose` without
+`--domain_masks` of an MNIST_CNN ERM model on ColoredMNIST (3 x 2000 examples,
+448 neurons): 45 s wall and 13 s CPU, reload and ColoredMNIST build included,
+measured on the AMD EPYC (Zen 5, 2 vCPUs) shared with about seven other jobs
+(load average 15-28), 2026-11-23. With `--domain_masks` the MLP of
+`results/inside/` took 520 s wall (143 s CPU) for 2 x 300 steps under the same load.
+
+### `domaingen report`: one page per sweep
+
+```
+pip install -e '.[plots]'        # matplotlib
+domaingen report SWEEP_DIR --output DIR [--selection training]
+```
+writes `DIR/index.html`, a static page that embeds its figures (also written
+as PNG files beside it) and the data they plot (a JSON block,
+`id="figure-data"`): `collect`'s tables (selection rule and data source in the
+caption); a bar chart of test accuracy per algorithm and test environment,
+± standard error over trials; and for the selected run of each cell (the first
+trial of the hyperparameters that `--selection` picks) its accuracy of every
+environment's in and out split over steps with the selected checkpoint marked,
+its losses over steps (record fields named `loss`, `*nll`, `*penalty`, `*_s1`...),
+its mask curves over steps (fields ending in `iou` or `kept_fraction`: DMG's
+IoU, ModReg's kept fraction), DMG-style mask heatmaps (from `diagnostics.json`,
+else from `selected.pt`'s `masks.logits.*`), and selectivity histograms
+(training vs held-out) where `diagnose` has been run. Checkpoints that skip a
+split leave gaps in its curve. A still-running sweep gives a page of the runs
+that are done; a sweep with no finished run gives a page that says so.
+
+Cost: `make bench` (`--only report`) writes a synthetic sweep directory of
+10,000 done runs (110,000 records: 8 algorithms, ColoredMNIST and RotatedMNIST,
+every test environment) and reports it: 72 selected runs, 173 figures, rendered
+in up to 4 worker processes: 13.1 s wall, 19.8 s CPU in all, on 2 idle vCPUs of an
+AMD EPYC Zen 4 (2026-11-23, steal 0%; target 30 s). The tables index the records
+and the sweep's run grid once rather than masking the frames per cell, which took
+the table step from 18.8 to 11.2 s under load. `diagnose` of an MNIST_CNN run
+(`--only diagnose`, no domain masks, 3 environments x 2000 examples, 448 neurons):
+6.2 s wall on the same idle machine (target 1 minute).
+"""

@@ -1,0 +1,96 @@
+r"""One run: the training loop, what each checkpoint evaluates, the run directory and its lock,
+reloading a finished run, and the precision it computes in.
+
+Reference (moved here from the README; `python -m pydoc domaingen.run` prints it):
+
+12.5 s instead of 16.7 s on the development machine, which repays the compilation
+within the first ten of a 5001-step run's 51 checkpoints; tiny runs are faster without
+it. Like `--device` it does not change the run's
+identity, so a run may be resumed with or without it; compiled bf16 can change a
+near-tie prediction now and then. `DOMAINGEN_COMPILE_EVAL=1` turns it on for
+every run, sweep jobs included.
+
+A run directory holds `args.json`, `results.jsonl` (one record per checkpoint,
+DomainBed's field names: `step`, `epoch`, the losses, `env{i}_in_acc`,
+`env{i}_out_acc`, `step_time`, `mem_gb`, `hparams`, `args`, plus `data_source` and
+`evaluated`, the splits that checkpoint evaluated; see Evaluated splits),
+`checkpoint.pt`, `selected.pt` (see the selected checkpoint), `log.txt`, and last a `done` marker, or a `failed` marker with
+the reason (NaN loss, exception). Rerunning the same command resumes an
+incomplete run from its last checkpoint with exactly the records an
+uninterrupted run would write; a done run is left alone; a directory holding a
+run with other arguments is refused.
+
+### Evaluated splits (`--eval_splits`)
+
+`--eval_splits selection|all` (spec key `eval_splits`) and `--train_in_every K`
+(spec key `train_in_every`). No model selection method and no table reads the
+training environments' `in` splits: training-domain validation reads the training
+environments' `out` splits, leave-one-domain-out reads the `in` split of an
+environment its run holds out, and the oracle and the reported accuracy read the
+test environments. With **`selection` (the default)** every checkpoint evaluates
+every `out` split and the test environments' `in` splits; the training
+environments' `in` splits are evaluated at the last checkpoint (the final-checkpoint
+table reads them there), and also at every K-th checkpoint with `--train_in_every K`
+(counting the one at step 0), for learning curves. `all` evaluates every split at
+every checkpoint, as DomainBed does. Each record lists the splits it evaluated in
+`evaluated` (e.g. `["env0_out", "env1_out", "env2_in", "env2_out"]`); an accuracy that
+was not evaluated is absent from the record (not null), so DomainBed's own
+`collect_results.py`, which indexes only the fields it reads, reads these runs too.
+`collect` gives the same cells from `selection` and `all` runs of the same seeds
+(evaluation draws no random numbers, so training is identical; tested on a small
+sweep of singles and pairs with both settings, for every selection method and with a
+DomainBed-style reader).
+
+On ColoredMNIST (test env 2, 20% held out) a `selection` checkpoint evaluates 47% of
+the examples, so a 5001-step run with 51 checkpoints evaluates 48% of what `all`
+does. Evaluating everything was 67% of a 5001-step fp32 run on an idle Zen 4; with
+`selection` the whole run takes 60% of the time (measured; see Benchmarks),
+with the same tables. Hence the default.
+The choice is part of a run's identity: a resumed run keeps the eval splits it
+started with (a run started before this option existed evaluated everything and
+goes on doing so), and an explicit different `--eval_splits` or `--train_in_every`
+is refused with one line. A value other than `selection` or `all`, or a
+`--train_in_every` below 1, stops with one line and exit status 2. In a sweep spec the
+keys enter a job's id only when set, so sweeps launched before they existed keep
+their job ids.
+
+### Precision (auto)
+
+`--precision fp32|bf16|auto` (spec key `precision`). `bf16` runs the forward pass
+under bf16 autocast (weights, optimizer state and the loss stay fp32). `auto` picks
+bf16 on a CUDA GPU with native bf16 (Ampere and later) and on a CPU with AMX
+(`amx_bf16`) or AVX-512 bf16 (`avx512_bf16`) instructions, and fp32 elsewhere (an
+AVX2-only CPU emulates bf16 and runs it slower than fp32). A run records what it
+asked for (`precision`, part of its identity) and what that meant where it started
+(`resolved_precision`, not part of its identity); a resumed run keeps the precision
+it started in, whatever the new machine's `auto` would say. A sweep whose jobs run on
+machines with different CPUs is therefore one sweep (same job ids), but its runs may
+differ in precision: `collect --format csv` and each record's `resolved_precision`
+show which; pass `fp32` or `bf16` explicitly when every cell must be computed alike.
+
+**The default stays fp32**, because bf16 is not always as accurate. In the full-length
+ERM reproduction (5001 steps, 3 trials, MNIST_CNN, DomainBed's defaults; on an
+NVIDIA H100, results/domainbed_erm.*), training-domain validation gave:
+
+| column | bf16 | fp32 | DomainBed (published) |
+|---|---|---|---|
+| ColoredMNIST -90% | 10.1 ± 0.1 | 10.2 ± 0.0 | 10.0 |
+| RotatedMNIST 0° | 95.2 ± 0.1 | 95.6 ± 0.2 | 95.9 |
+
+### The selected checkpoint
+
+Besides `checkpoint.pt` (the last checkpoint, for resuming), a run keeps
+`selected.pt`: the weights at the checkpoint that training-domain validation
+selects, the best mean `out` accuracy over the training environments so far.
+It is rewritten (through a temporary file and a rename) whenever a checkpoint
+validates strictly better, so of equally good checkpoints the earliest stays
+selected, as in DomainBed's collect. The best so far is also stored in
+`checkpoint.pt`, so a resumed run selects exactly what an uninterrupted one
+does. A run without validation splits (`--holdout_fraction 0`) has no
+`selected.pt`. It holds the model's `state_dict` only (no optimizer state):
+1.49 MB for ERM or DMG with MNIST_CNN (measured), 2.98 MB for
+ERM+ModReg with MNIST_CNN (its mask logits double the floats), and
+23.56 M floats = 94.3 MB for ResNet-50 (torchvision's 23.51 M parameters plus
+BatchNorm buffers, fp32; 189 MB with ModReg), per run. `checkpoint.pt`, with
+Adam's two moments, is about three times as large.
+"""

@@ -1,0 +1,174 @@
+"""The parallel launcher: a pool of worker processes on this machine, each pinned to one GPU
+when there are GPUs, and how an interrupt stops them all."""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import os
+import signal
+import time
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from typing import Any, Mapping, Sequence
+
+from domaingen.sweep.gpus import CUDA_VISIBLE_DEVICES, detect_gpus, worker_gpus
+from domaingen.sweep.workers import (
+    JobResult,
+    LaunchOptions,
+    available_cores,
+    job_kwargs,
+    progress_bar,
+    run_job,
+    threads_per_worker,
+    worker_cache,
+)
+
+log = logging.getLogger(__name__)
+
+# A parallel worker stops at the first interrupt: its running job ends as interrupted (and
+# resumes from its last checkpoint when relaunched), and the worker takes no further job.
+_WORKER_STATE = {"running_job": False, "stopping": False}
+
+
+# Seconds a launcher gives its workers to stop after an interrupt before it kills them.
+INTERRUPT_GRACE_S = 1.0
+
+
+STOP_TIMEOUT_S = 60.0
+
+
+def _interrupt_worker(signum: int, frame: Any) -> None:
+    """A parallel worker's SIGINT handler: interrupt the running job once; otherwise exit."""
+    if _WORKER_STATE["running_job"] and not _WORKER_STATE["stopping"]:
+        _WORKER_STATE["stopping"] = True
+        raise KeyboardInterrupt
+    os._exit(130)  # idle between jobs, or interrupted again while stopping: nothing to save
+
+
+def _quiet_worker(threads: int) -> None:
+    signal.signal(signal.SIGINT, _interrupt_worker)
+    # workers log only to each run's log.txt; the launcher's progress bar is the console
+    logging.getLogger().addHandler(logging.NullHandler())
+    logging.getLogger("domaingen").propagate = False
+    import torch
+
+    torch.set_num_threads(threads)
+
+
+def _start_worker(threads: int, cache_mb: float | None = None) -> None:
+    """A parallel worker's initializer: quiet logging, its threads, and its dataset cache's bound."""
+    _quiet_worker(threads)
+    worker_cache(cache_mb)
+
+
+def cached_job(job_id: str, config_kwargs: Mapping[str, Any], threads: int | None) -> JobResult:
+    """run_job with the worker process's dataset cache (what a parallel worker runs).
+
+    An interrupt ends the job (its run logs it and keeps its last checkpoint) and then
+    the worker process, so that the pool cannot hand it the next job.
+    """
+    _WORKER_STATE["running_job"] = True
+    try:
+        return run_job(job_id, config_kwargs, threads, worker_cache())
+    except KeyboardInterrupt:
+        os._exit(130)
+    finally:
+        _WORKER_STATE["running_job"] = False
+
+
+def _collect_results(pool: ProcessPoolExecutor, futures: Sequence[Any], options: LaunchOptions) -> list[JobResult]:
+    """The futures' results as they finish; on an interrupt (Ctrl-C, or SIGTERM through the
+    CLI) the pending jobs are cancelled and the workers stopped before it propagates."""
+    results = []
+    try:
+        with progress_bar(len(futures), options) as bar:
+            for future in as_completed(futures):
+                results.append(future.result())
+                bar.update(1)
+    except KeyboardInterrupt:
+        _stop_workers(pool)
+        raise
+    return results
+
+
+def _stop_workers(pool: ProcessPoolExecutor) -> None:
+    """Interrupt the running jobs and end every worker, killing one that does not stop
+    within STOP_TIMEOUT_S; the pool, left without workers, fails what has not started.
+
+    A terminal's Ctrl-C reaches the workers by itself (they share its process group);
+    a SIGTERM sent to the launcher alone does not, so each worker still alive after
+    INTERRUPT_GRACE_S gets a SIGINT. The pending futures are not cancelled: the pool's
+    own thread fails them when it finds its workers gone, and a cancelled one makes it
+    raise (Python 3.11).
+    """
+    # the executor offers no way to stop running calls; its worker processes are the handle
+    processes = list(getattr(pool, "_processes", {}).values())
+    deadline = time.monotonic() + INTERRUPT_GRACE_S
+    for process in processes:
+        process.join(max(0.0, deadline - time.monotonic()))
+    for process in processes:
+        if process.is_alive():
+            _signal_process(process.pid, signal.SIGINT)
+    deadline = time.monotonic() + STOP_TIMEOUT_S
+    for process in processes:
+        process.join(max(0.0, deadline - time.monotonic()))
+        if process.is_alive():
+            process.kill()
+    pool.shutdown(wait=False)
+
+
+def _signal_process(pid: int, signum: int) -> None:
+    """Send signum to pid unless the process has already gone: a worker that ends between
+    the liveness check and the signal (the pool's own thread may reap it) needs nothing."""
+    try:
+        os.kill(pid, signum)
+    except ProcessLookupError:
+        pass
+
+
+def launch_parallel(jobs, sweep_dir, data_dir, options) -> list[JobResult]:
+    gpus = detect_gpus() if options.gpus is None else list(options.gpus)
+    if gpus:
+        return _launch_parallel_gpus(jobs, sweep_dir, data_dir, options, gpus)
+    workers = max(1, min(options.workers, len(jobs)))
+    threads = options.threads or threads_per_worker(workers)
+    if workers * threads > available_cores():
+        log.warning("%d workers x %d threads exceed the %d cores", workers, threads, available_cores())
+    # spawn, not fork: a forked worker of a process that touched CUDA or OpenMP can hang
+    context = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(workers, mp_context=context, initializer=_start_worker,
+                             initargs=(threads, options.dataset_cache_mb)) as pool:
+        futures = [pool.submit(cached_job, job.job_id, job_kwargs(job, sweep_dir, data_dir), threads) for job in jobs]
+        return _collect_results(pool, futures, options)
+
+
+def _pin_worker(slots: Any, threads: int, cache_mb: float | None = None) -> None:
+    # runs before the worker touches CUDA, so the variable decides the one GPU it sees
+    os.environ[CUDA_VISIBLE_DEVICES] = slots.get()
+    _quiet_worker(threads)
+    worker_cache(cache_mb)
+
+
+def _run_pinned(job_id: str, config_kwargs: Mapping[str, Any], threads: int | None) -> JobResult:
+    result = cached_job(job_id, config_kwargs, threads)
+    gpu = os.environ.get(CUDA_VISIBLE_DEVICES, "")
+    return JobResult(result.job_id, result.state, f"{result.message} (GPU {gpu})".lstrip())
+
+
+def _launch_parallel_gpus(jobs, sweep_dir, data_dir, options, gpus: Sequence[str]) -> list[JobResult]:
+    """One worker process per (GPU, slot), each pinned to its GPU by CUDA_VISIBLE_DEVICES."""
+    assignment = worker_gpus(gpus, options.jobs_per_gpu, len(jobs))
+    workers = len(assignment)
+    threads = options.threads or threads_per_worker(workers)
+    log.info("%d workers on GPUs %s (%d per GPU), %d threads each", workers, ",".join(gpus), options.jobs_per_gpu,
+             threads)
+    context = multiprocessing.get_context("spawn")
+    slots = context.Queue()
+    for gpu in assignment:
+        slots.put(gpu)
+    results = []
+    with ProcessPoolExecutor(workers, mp_context=context, initializer=_pin_worker,
+                             initargs=(slots, threads, options.dataset_cache_mb)) as pool:
+        futures = [pool.submit(_run_pinned, job.job_id, job_kwargs(job, sweep_dir, data_dir), threads) for job in jobs]
+        return _collect_results(pool, futures, options)
+

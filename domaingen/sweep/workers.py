@@ -1,0 +1,159 @@
+"""What every sweep launcher shares: how one job runs in a worker process, its result,
+the worker's dataset cache, chunks of jobs, the launch options and the progress bar.
+
+Every launcher runs the same `run_job`, which calls `run.training.train` in the worker
+process; a job's own errors end up in its `failed` marker and its state, never in the
+launcher. A worker process keeps the datasets it built in its `worker_cache` for its
+later jobs; Slurm and Ray tasks run a chunk of `jobs_per_task` jobs (`run_job_chunk`),
+so that a task pays the imports and the dataset once per chunk.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, Sequence
+
+from tqdm.auto import tqdm
+
+from domaingen.datasets.cache import DatasetCache, cache_mb_default
+from domaingen.run.runlock import RUNNING_ELSEWHERE, RunLockedError, run_lock
+from domaingen.sweep.spec import Job
+
+log = logging.getLogger(__name__)
+
+SUBMITTED, NOT_SUBMITTED = "submitted", "not submitted"  # slurm --detach: the job's fate is the scheduler's now
+
+
+def available_cores() -> int:
+    """Cores this process may use (respects CPU affinity, e.g. under Slurm or taskset)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - not on Linux
+        return os.cpu_count() or 1
+
+
+def threads_per_worker(workers: int, cores: int | None = None) -> int:
+    """Torch threads per worker so that workers x threads never exceeds the cores."""
+    return max(1, (cores or available_cores()) // max(1, workers))
+
+
+@dataclass
+class JobResult:
+    """How one job ended."""
+
+    job_id: str
+    state: str
+    message: str = ""
+
+
+# The datasets a worker process built, for its later jobs. Process-wide on purpose: a
+# worker (a pool process, a Slurm or Ray task) lives across jobs, and only the process
+# can own what it keeps; `worker_cache` is the one way to reach it.
+_WORKER_CACHE: list[DatasetCache] = []
+
+
+def worker_cache(max_mb: float | None = None) -> DatasetCache:
+    """This process's dataset cache, created on first use with `max_mb` (None: cache_mb_default()).
+
+    A later call with another `max_mb` replaces it (empty) with one of that bound.
+    """
+    bound = cache_mb_default() if max_mb is None else float(max_mb)
+    if not _WORKER_CACHE or _WORKER_CACHE[0].max_bytes != int(bound * 2**20):
+        _WORKER_CACHE[:] = [DatasetCache(bound)]
+    return _WORKER_CACHE[0]
+
+
+def run_job(
+    job_id: str, config_kwargs: Mapping[str, Any], threads: int | None = None, cache: DatasetCache | None = None
+) -> JobResult:
+    """Run one job in this process (resuming it if it is incomplete).
+
+    The job's run lock is held throughout; a job another process holds is not
+    run and ends as RUNNING_ELSEWHERE. `cache` serves datasets built by earlier
+    jobs of this process (see datasets.cache).
+    """
+    import torch
+
+    from domaingen.run.training import TrainConfig, train
+
+    if threads:
+        torch.set_num_threads(threads)
+    try:
+        with run_lock(config_kwargs["output_dir"]):  # another launch may be running this job
+            failure = _load_job_plugins(config_kwargs)
+            if failure is not None:
+                return JobResult(job_id, "failed", failure)
+            outcome = train(TrainConfig(**config_kwargs), dataset_cache=cache)
+        return JobResult(job_id, outcome.state, outcome.message)
+    except RunLockedError as exc:
+        return JobResult(job_id, RUNNING_ELSEWHERE, str(exc))
+    except Exception as exc:  # the job's failure is its own; the sweep goes on
+        return JobResult(job_id, "failed", f"{type(exc).__name__}: {exc}")
+
+
+def run_job_chunk(
+    chunk: Sequence[tuple[str, Mapping[str, Any]]], threads: int | None = None, cache_mb: float | None = None
+) -> list[JobResult]:
+    """Run (job id, config kwargs) pairs one after another in this process, sharing its dataset cache.
+
+    A job that raises ends as failed and the chunk goes on. Jobs already done are
+    skipped and incomplete ones resume, so a requeued chunk finishes what is unfinished.
+    """
+    cache = worker_cache(cache_mb)
+    return [run_job(job_id, kwargs, threads, cache) for job_id, kwargs in chunk]
+
+
+def chunks(items: Sequence[Any], size: int) -> list[list[Any]]:
+    """`items` in consecutive chunks of `size` (the last may be shorter)."""
+    return [list(items[i:i + size]) for i in range(0, len(items), max(1, size))]
+
+
+def _load_job_plugins(config_kwargs: Mapping[str, Any]) -> str | None:
+    """Load the job's recorded plugins in this (worker) process; on failure mark the job failed
+    and return the one-line reason, which names the plugin and its import error."""
+    from domaingen.plugins import PluginError, load_plugins
+    from domaingen.run.rundir import RunDirectory
+
+    try:
+        load_plugins(config_kwargs.get("plugins") or ())
+    except PluginError as exc:
+        rundir = RunDirectory(config_kwargs["output_dir"])
+        try:
+            rundir.path.mkdir(parents=True, exist_ok=True)
+            rundir.mark_failed(str(exc))
+        except OSError as os_exc:  # the reason still reaches the launcher
+            log.warning("cannot mark %s failed: %s", rundir.path, os_exc)
+        return str(exc)
+    return None
+
+
+def job_kwargs(job: Job, sweep_dir: str, data_dir: str | None) -> dict[str, Any]:
+    from dataclasses import asdict
+
+    return asdict(job.config(sweep_dir, data_dir))
+
+
+@dataclass
+class LaunchOptions:
+    """Options shared by the launchers; slurm ones are ignored elsewhere."""
+
+    workers: int = 2
+    threads: int | None = None
+    progress: bool = True
+    slurm: dict[str, Any] = field(default_factory=dict)
+    print_fn: Callable[[str], None] = print
+    jobs_per_gpu: int = 1  # parallel on a CUDA machine: workers per visible GPU
+    gpus: Sequence[str] | None = None  # parallel: GPU ids to pin workers to; None = detect
+    detach: bool = False  # slurm: return once submitted
+    ray_address: str | None = None  # ray: a running cluster's HOST:PORT; None = a new local instance
+    ray_cpus: float = 1  # ray: CPUs per task
+    ray_gpus: float = 0  # ray: GPUs per task (fractions share a GPU)
+    jobs_per_task: int = 1  # slurm, ray: jobs run one after another by one task
+    dataset_cache_mb: float | None = None  # each worker's dataset cache bound; None: cache_mb_default()
+
+
+def progress_bar(total: int, options: LaunchOptions) -> tqdm:
+    return tqdm(total=total, unit="job", disable=not options.progress, dynamic_ncols=True, smoothing=0.1)
+
