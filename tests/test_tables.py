@@ -216,11 +216,12 @@ def test_shipped_references_read_and_match_reference_md():
                     & (domainbed["dataset"] == "ColoredMNIST")]
     cells = dict(zip(erm["test_env"], erm["mean"]))
     assert cells == pytest.approx({"+90%": .717, "+80%": .729, "-90%": .100, "Avg": .515})
-    # the published Avg is the mean of the published environments (to the printed digit)
+    # the published Avg is the mean of the published environments: DomainBed averages the unrounded
+    # cells, so the printed cells' mean may be off by up to 0.05 + 0.05 (its Mixup oracle: 58.33 vs 58.4)
     for (algorithm, selection), sub in domainbed[domainbed["dataset"] == "ColoredMNIST"].groupby(["algorithm", "selection"]):
         envs = sub[sub["test_env"] != "Avg"]
         if len(envs) == 3:
-            assert 100 * envs["mean"].mean() == pytest.approx(100 * sub[sub["test_env"] == "Avg"]["mean"].iloc[0], abs=0.05)
+            assert 100 * envs["mean"].mean() == pytest.approx(100 * sub[sub["test_env"] == "Avg"]["mean"].iloc[0], abs=0.1 + 1e-9)
     modreg = read_reference(RESULTS_DIR / "reference_modreg_table1.csv")
     abstract = modreg[modreg["source"].str.startswith("ModReg abstract")]
     assert len(abstract) == 16  # 4 algorithms x {C-MNIST, R-MNIST} x {CNN, MLP}
