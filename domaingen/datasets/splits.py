@@ -8,15 +8,18 @@ Each environment is split once into `out` (holdout_fraction, validation) and
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol, Sequence
 
 import torch
 
 from domaingen.datasets.environment import Environment
 from domaingen.hparams import seed_hash
 
-if TYPE_CHECKING:  # annotations only: the dataset base class imports this module's Split
-    from domaingen.datasets.base import MultiDomainDataset
+
+class HasEnvironments(Protocol):
+    """What splitting needs of a dataset (a MultiDomainDataset): its environments, in order."""
+
+    environments: Sequence[Environment]
 
 
 @dataclass
@@ -44,7 +47,7 @@ def split_indices(n: int, holdout_fraction: float, seed: int) -> tuple[torch.Ten
 
 
 def split_environments(
-    dataset: MultiDomainDataset, holdout_fraction: float, trial_seed: int
+    dataset: HasEnvironments, holdout_fraction: float, trial_seed: int
 ) -> list[tuple[Split, Split]]:
     """(in, out) splits of every environment, in environment order."""
     splits = []
