@@ -17,8 +17,9 @@ class GroupDRO(FeaturizerClassifier):
 
     Each update first moves the group weights by exponentiated-gradient ascent,
     q_e <- q_e exp(eta R_e) / sum_f q_f exp(eta R_f), then takes one Adam step on
-    sum_e q_e R_e (q held fixed). q starts uniform and is a buffer, so checkpoints
-    carry it. The same update as DomainBed's (whose early versions divided the loss
+    sum_e q_e R_e (q held fixed). q starts uniform (all ones, normalised by the first
+    update, as DomainBed's, so that the two agree to the last bit) and is a buffer, so
+    checkpoints carry it. The same update as DomainBed's (whose early versions divided the loss
     by the number of groups a second time; it no longer does).
     """
 
@@ -28,7 +29,7 @@ class GroupDRO(FeaturizerClassifier):
 
     def __init__(self, input_shape, num_classes, num_domains, hparams) -> None:
         super().__init__(input_shape, num_classes, num_domains, hparams)
-        self.register_buffer("q", torch.full((num_domains,), 1.0 / num_domains))
+        self.register_buffer("q", torch.ones(num_domains))
 
     @classmethod
     def check_hparams(cls, hparams: Mapping[str, Any]) -> None:
@@ -46,6 +47,6 @@ class GroupDRO(FeaturizerClassifier):
         with torch.no_grad():
             q = self.q * torch.exp(float(self.hparams["groupdro_eta"]) * risks.detach().float())
             self.q.copy_(q / q.sum())
-        loss = (self.q.to(risks.dtype) * risks).sum()
+        loss = torch.dot(risks, self.q.to(risks.dtype))
         self.step(loss)
         return {"loss": loss.item(), **{f"q{e}": float(w) for e, w in enumerate(self.q)}}

@@ -28,8 +28,10 @@ class MLDG(FeaturizerClassifier):
     used (with 3 training domains and its default n_meta_test = 2, one domain is dropped
     from every update), and with no meta-train domain left nothing trains. Here F and G
     average over all their domains, as the paper does, and n_meta_test must be smaller
-    than the number of training domains. With two domains (one pair) the two agree up to
-    the scale of the gradient (DomainBed divides it by the number of domains).
+    than the number of training domains. The meta-gradient is scaled by (number of
+    meta-train domains) / (number of domains), DomainBed's scale (its sum over pairs
+    divided by the number of domains), which matters only through Adam's epsilon; so with
+    two domains (one pair) the two updates are the same.
     Kept from DomainBed: the virtual step is one step of a fresh Adam (lr, weight_decay)
     rather than the paper's SGD step of size alpha, which DomainBed has no
     hyperparameter for; through such a step (about lr * sign of the gradient) the
@@ -88,6 +90,7 @@ class MLDG(FeaturizerClassifier):
         grads_g = torch.autograd.grad(g_risk + self.regularization(self.inner), inner_params, allow_unused=True)
 
         beta = float(self.hparams["mldg_beta"])
+        scale = (n - k) / n
         self.optimizer.zero_grad(set_to_none=True)
         for p, gf, gg in zip(self.network.parameters(), grads_f, grads_g):
             if gf is None and gg is None:
@@ -95,6 +98,6 @@ class MLDG(FeaturizerClassifier):
             grad = torch.zeros_like(p) if gf is None else gf.clone()
             if gg is not None:
                 grad.add_(gg, alpha=beta)
-            p.grad = grad
+            p.grad = grad.mul_(scale)
         self.optimizer.step()
         return {"loss": f_risk.item() + beta * g_risk.item(), "meta_train": f_risk.item(), "meta_test": g_risk.item()}
