@@ -14,8 +14,9 @@ from domaingen.hparams import HParam, log_uniform
 
 @ALGORITHMS.register("Mixup")
 class Mixup(FeaturizerClassifier):
-    """Mean over environment pairs (i, j) of lam * CE(f(x_mix), y_i) + (1 - lam) * CE(f(x_mix), y_j),
-    with x_mix = lam * x_i + (1 - lam) * x_j and lam ~ Beta(mixup_alpha, mixup_alpha).
+    """Mean over environment pairs of lam * CE(f(x_mix), y_i) + (1 - lam) * CE(f(x_mix), y_j).
+
+    x_mix = lam * x_i + (1 - lam) * x_j, with lam ~ Beta(mixup_alpha, mixup_alpha).
 
     The pairs: the environments in the order of one torch.randperm, each paired with the
     next (the last with the first), both truncated to the shorter batch; one lam per pair,
