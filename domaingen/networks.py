@@ -277,3 +277,71 @@ def build_classifier(n_features: int, num_classes: int, single_logit: bool = Fal
     if init == "xavier":
         _xavier(head)
     return head
+
+
+# --- context networks (ARM): x -> a per-example context, averaged over a support set ---
+
+
+class ARM_CNN(nn.Module):
+    """Three 5x5 same-size convolutions (C -> 64 -> 64 -> 1), BatchNorm + ReLU after the first two:
+    a one-channel context image of the input's height and width (DomainBed's ARM context network)."""
+
+    def __init__(self, input_shape: Sequence[int], hidden: int = 64) -> None:
+        super().__init__()
+        channels = [input_shape[0], hidden, hidden]
+        layers: list[nn.Module] = []
+        for c_in, c_out in zip(channels[:-1], channels[1:]):
+            layers += [nn.Conv2d(c_in, c_out, 5, padding=2), nn.BatchNorm2d(c_out), nn.ReLU()]
+        layers.append(nn.Conv2d(hidden, 1, 5, padding=2))
+        self.layers = nn.Sequential(*layers)
+        self.out_channels = 1
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.layers(x)
+
+
+class ARM_MLP(nn.Module):
+    """For flat inputs: two hidden layers (BatchNorm + ReLU) and a context vector as wide as the input."""
+
+    def __init__(self, n_inputs: int, hidden: int = 64) -> None:
+        super().__init__()
+        self.layers = nn.Sequential(
+            nn.Linear(n_inputs, hidden), nn.BatchNorm1d(hidden), nn.ReLU(),
+            nn.Linear(hidden, hidden), nn.BatchNorm1d(hidden), nn.ReLU(),
+            nn.Linear(hidden, n_inputs),
+        )
+        self.out_channels = n_inputs
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.layers(x.flatten(1))
+
+
+# name -> a builder (input_shape, hparams) -> module mapping a batch to per-example contexts of
+# shape (batch, out_channels, *input_shape[1:]) for images, (batch, out_channels) for flat inputs;
+# the module has an integer `out_channels`. Plugins register their own.
+CONTEXT_NETS: Registry[Featurizer] = Registry("context network")
+
+
+@CONTEXT_NETS.register("ARM_CNN")
+def _arm_cnn(input_shape: Sequence[int], hparams: Mapping[str, Any]) -> nn.Module:
+    _needs_images("ARM_CNN", input_shape)
+    return ARM_CNN(input_shape)
+
+
+@CONTEXT_NETS.register("ARM_MLP")
+def _arm_mlp(input_shape: Sequence[int], hparams: Mapping[str, Any]) -> nn.Module:
+    if len(input_shape) != 1:
+        raise DomaingenError(f"ARM_MLP needs flat inputs, got shape {tuple(input_shape)}")
+    return ARM_MLP(int(input_shape[0]))
+
+
+def build_context_net(input_shape: Sequence[int], hparams: Mapping[str, Any], name: str = "auto") -> nn.Module:
+    """The context network `name` (in CONTEXT_NETS); 'auto' is ARM_CNN for images, ARM_MLP for flat inputs."""
+    if name == "auto":
+        name = "ARM_CNN" if len(input_shape) == 3 else "ARM_MLP"
+    if name not in CONTEXT_NETS:
+        raise DomaingenError(f"unknown context network '{name}'; valid: auto, {', '.join(CONTEXT_NETS.names())}")
+    module = CONTEXT_NETS.get(name)(tuple(input_shape), hparams)
+    if not isinstance(getattr(module, "out_channels", None), int):
+        raise DomaingenError(f"context network '{name}' built a module without an integer `out_channels` attribute")
+    return module
