@@ -17,8 +17,8 @@ from domaingen.algorithms.eqrm import kde_quantile, kde_quantile_bisection
 from domaingen.datasets import DATASETS
 from domaingen.errors import DomaingenError
 from domaingen.hparams import draw_hparams, run_space
-from domaingen.rundir import RunDirectory
-from domaingen.training import TrainConfig, train
+from domaingen.run.rundir import RunDirectory
+from domaingen.run.training import TrainConfig, train
 from test_algorithms_generic import build, default_hparams, separable_batches
 
 FLAT = (6,)

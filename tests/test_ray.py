@@ -57,7 +57,7 @@ def test_without_ray_installed_one_line_and_nothing_written(tmp_path, capsys, mo
     spec, out = tmp_path / "spec.toml", tmp_path / "sweep"
     spec.write_text(SPEC)
     code, _, err = cli(capsys, *launch_argv(spec, out, "--launcher", "ray"))
-    assert code == 2 and "the ray launcher needs ray; install it with pip install 'domaingen[ray]'" in err
+    assert code == 2 and "the ray launcher needs ray; install it with pip install 'domaingen-bench[ray]'" in err
     assert len(err.strip().splitlines()) == 1 and not out.exists()
 
 
