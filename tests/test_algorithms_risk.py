@@ -11,7 +11,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from conftest import FAST_HPARAMS
-from domaingen import networks, training
+from domaingen import networks
+from domaingen.run import training
 from domaingen.algorithms import ALGORITHMS
 from domaingen.algorithms.eqrm import kde_quantile, kde_quantile_bisection
 from domaingen.datasets import DATASETS
@@ -414,3 +415,19 @@ def test_an_interrupted_run_resumes_to_the_same_records(tmp_path, monkeypatch, n
     straight = RunDirectory(tmp_path / "straight").records()
     assert [r["step"] for r in straight] == [0, 3, 6]
     assert stable(RunDirectory(tmp_path / "resumed").records()) == stable(straight)
+
+
+def test_mldg_fits_a_drawn_n_meta_test_to_two_domains_but_refuses_a_given_one(tmp_path):
+    from domaingen.errors import DomaingenError
+    from domaingen.run.training import resolve
+
+    run = resolve(TrainConfig(dataset="ColoredMNIST", algorithm="MLDG", test_envs=[2],
+                              output_dir=str(tmp_path / "a"), data_dir="embedded"))
+    assert run.hparams["n_meta_test"] == 1  # the default 2 leaves no meta-train domain of two
+    run = resolve(TrainConfig(dataset="RotatedMNIST", algorithm="MLDG", test_envs=[0],
+                              output_dir=str(tmp_path / "b"), data_dir="embedded"))
+    assert run.hparams["n_meta_test"] == 2
+    with pytest.raises(DomaingenError, match=r"^n_meta_test must be smaller than the number of training domains \(2\), got 2"):
+        resolve(TrainConfig(dataset="ColoredMNIST", algorithm="MLDG", test_envs=[2], hparams='{"n_meta_test": 2}',
+                            output_dir=str(tmp_path / "c"), data_dir="embedded"))
+    assert not (tmp_path / "c").exists()

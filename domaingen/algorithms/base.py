@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import copy
-from typing import Any, ClassVar, Mapping, Sequence
+from typing import Any, ClassVar, Collection, Mapping, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -77,6 +77,18 @@ class Algorithm(nn.Module):
             )
         if cls.NO_SINGLE_LOGIT and hparams.get("single_logit"):
             raise DomaingenError(f"{name} is undefined for a one-logit classifier: {cls.NO_SINGLE_LOGIT}")
+
+    @classmethod
+    def fit_hparams(
+        cls, hparams: Mapping[str, Any], num_train_domains: int, explicit: Collection[str] = ()
+    ) -> dict[str, Any]:
+        """The hyperparameters a run uses, given how many training domains it has.
+
+        A drawn or default value the method cannot use with this many domains may be
+        adapted here (the run records the value it used); a value the user set
+        (`explicit`) is left for `check_problem` to refuse. Unchanged by default.
+        """
+        return dict(hparams)
 
     def update(self, minibatches: Minibatches) -> dict[str, float]:
         """One training step; returns named scalar losses (at least 'loss')."""

@@ -61,6 +61,16 @@ class MLDG(FeaturizerClassifier):
         super().check_problem(num_train_domains, hparams, name)
         cls._check_split(int(hparams["n_meta_test"]), num_train_domains)
 
+    @classmethod
+    def fit_hparams(cls, hparams, num_train_domains, explicit=()):
+        """A drawn or default n_meta_test that leaves no meta-train domain becomes
+        num_train_domains - 1 (DomainBed's default 2 on ColoredMNIST's two training domains);
+        one the user set is refused by check_problem instead."""
+        fitted = dict(hparams)
+        if "n_meta_test" not in explicit and num_train_domains >= 2 and int(fitted["n_meta_test"]) >= num_train_domains:
+            fitted["n_meta_test"] = num_train_domains - 1
+        return fitted
+
     @staticmethod
     def _check_split(n_meta_test: int, num_train_domains: int) -> None:
         if n_meta_test >= num_train_domains:

@@ -149,7 +149,9 @@ def resolve(config: TrainConfig) -> ResolvedRun:
     overrides = parse_overrides(config.hparams)
     hparams = apply_overrides(draw_hparams(space, config.dataset, config.hparams_seed), overrides, space)
     algorithm_cls.check_hparams(hparams)
-    algorithm_cls.check_problem(len(dataset_cls.ENVIRONMENTS) - len(test_envs), hparams, config.algorithm)
+    num_train_domains = len(dataset_cls.ENVIRONMENTS) - len(test_envs)
+    hparams = algorithm_cls.fit_hparams(hparams, num_train_domains, set(overrides))
+    algorithm_cls.check_problem(num_train_domains, hparams, config.algorithm)
     seed = config.seed
     if seed is None:
         seed = run_seed(config.dataset, config.algorithm, test_envs, config.hparams_seed, config.trial_seed)

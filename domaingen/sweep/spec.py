@@ -175,9 +175,11 @@ def _check_overrides(spec: SweepSpec, source: str) -> None:
             except DomaingenError as exc:
                 raise SpecError(f"{source}: 'test_envs': {exc}") from None
             defaults = {name: hp.default for name, hp in space.items()}
+            algorithm_cls = ALGORITHMS.get(algorithm)
+            n_train = len(DATASETS.get(dataset).ENVIRONMENTS) - len(envs)
             try:
-                ALGORITHMS.get(algorithm).check_problem(
-                    len(DATASETS.get(dataset).ENVIRONMENTS) - len(envs), {**defaults, **overrides}, algorithm)
+                fitted = algorithm_cls.fit_hparams({**defaults, **overrides}, n_train, set(overrides))
+                algorithm_cls.check_problem(n_train, fitted, algorithm)
             except DomaingenError as exc:
                 raise SpecError(f"{source}: {exc}") from None
 
