@@ -35,7 +35,7 @@ from domaingen.hparams import HParam, log_uniform
 
 # the bandwidths of the Gaussian kernel mixture (DomainBed's)
 GAMMAS = (0.001, 0.01, 0.1, 1.0, 10.0, 100.0, 1000.0)
-# squared distances are clamped below at this value (a zero distance would give NaN gradients)
+# squared distances are clamped below at this value (the expansion may round a zero distance below 0)
 MIN_SQUARED_DISTANCE = 1e-30
 
 

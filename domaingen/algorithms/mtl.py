@@ -79,11 +79,12 @@ class MTL(FeaturizerClassifier):
         return self.classifier(torch.cat([features, rows.to(features.dtype)], 1))
 
     def update(self, minibatches: Minibatches) -> dict[str, float]:
-        # one featurizer pass per domain, as DomainBed (a pass over the concatenation differs by rounding)
-        features = [self.featurizer(x) for x, _ in minibatches]
         ema = float(self.hparams["mtl_ema"])
         loss = 0.0
-        for domain, (z, (_, y)) in enumerate(zip(features, minibatches)):
+        # domain by domain, featurizer pass then classifier, as DomainBed: the same rounding, and
+        # in "noise" mode the same order of torch draws as its class (dropout, noise, dropout, ...)
+        for domain, (x, y) in enumerate(minibatches):
+            z = self.featurizer(x)
             embedding = ema * z.mean(0) + (1 - ema) * self.embeddings[domain]
             self.embeddings[domain] = embedding.detach()
             loss = loss + classification_loss(self.classify(z, embedding), y)
