@@ -11,8 +11,10 @@ import re
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 
 from conftest import FAST_HPARAMS
+from test_modreg import l2_term
 from domaingen import training
 from domaingen.algorithms import ALGORITHMS
 from domaingen.cli import main
@@ -463,3 +465,91 @@ def test_numpy_stream_survives_a_checkpoint_loaded_with_weights_only(tmp_path):
     b = make("SelfReg", seed=2)
     b.load_checkpoint_state(torch.load(tmp_path / "state.pt", weights_only=True))
     assert a.numpy_rng.beta(0.5, 0.5) == b.numpy_rng.beta(0.5, 0.5)
+
+
+# --- X+ModReg: the penalty (and the L2 term) is part of each objective ---
+
+def _risk(logits, batches):
+    return sum(F.cross_entropy(z, y) for z, (_, y) in zip(logits, batches)) / len(batches)
+
+
+def _kernel_objective(name):
+    from domaingen.algorithms.kernels import feature_distance
+
+    kind = "gaussian" if name.endswith("MMD") else "mean_cov"
+
+    def objective(model, batches, penalty):
+        features = [model.featurizer(x) for x, _ in batches]
+        risk = _risk([model.classifier(z) for z in features], batches)
+        if name.startswith("CausIRL"):
+            cuts = [int(model.numpy_rng.randint(0, len(z))) for z in features]
+            first = torch.cat([z[:c] for z, c in zip(features, cuts)])
+            second = torch.cat([z[c:] for z, c in zip(features, cuts)])
+            distance = feature_distance(kind, first, second)
+        else:
+            n = len(features)
+            distance = sum(feature_distance(kind, features[i], features[j]) for i in range(n) for j in range(i + 1, n))
+            distance = distance / (n * (n - 1) / 2)
+        return risk + model.hparams["mmd_gamma"] * distance + l2_term(model.network) + penalty
+
+    return objective
+
+
+def _mtl_objective(model, batches, penalty):
+    ema, total = model.hparams["mtl_ema"], 0.0
+    for d, (x, y) in enumerate(batches):
+        z = model.featurizer(x)
+        embedding = ema * z.mean(0) + (1 - ema) * model.embeddings[d]
+        total = total + F.cross_entropy(model.classifier(torch.cat([z, embedding.expand(len(z), -1)], 1)), y)
+    return total + l2_term(model.network) + penalty
+
+
+def _selfreg_objective(model, batches, penalty):
+    from domaingen.algorithms.selfreg import same_class_partners
+
+    x, y = torch.cat([b[0] for b in batches]), torch.cat([b[1] for b in batches])
+    lam = float(model.numpy_rng.beta(0.5, 0.5))
+    y, order = torch.sort(y)
+    z = model.featurizer(x[order])
+    h = model.cdpl(z)
+    o = model.classifier(z)
+    p, q = same_class_partners(torch.unique_consecutive(y, return_counts=True)[1].tolist())
+    ce = F.cross_entropy(o, y)
+    individual = F.mse_loss(o, o[p]) + 0.3 * F.mse_loss(z, h[p])
+    mixed = F.mse_loss(o, lam * o[p] + (1 - lam) * o[q]) + 0.3 * F.mse_loss(z, lam * h[p] + (1 - lam) * h[q])
+    return ce + min(ce.item(), 1.0) * (lam * individual + (1 - lam) * mixed) + l2_term(model.network) + penalty
+
+
+def _cad_objective(conditional):
+    from domaingen.algorithms.cad import bottleneck_loss
+
+    def objective(model, batches, penalty):
+        x, y = torch.cat([b[0] for b in batches]), torch.cat([b[1] for b in batches])
+        domains = torch.cat([torch.full((len(b[1]),), d) for d, b in enumerate(batches)])
+        z = model.featurizer(x)
+        bottleneck = bottleneck_loss(z, y, domains, model.hparams["temperature"], conditional, True)
+        return F.cross_entropy(model.classifier(z), y) + model.hparams["lmbda"] * bottleneck + l2_term(model.network) + penalty
+
+    return objective
+
+
+OBJECTIVES = {
+    **{name: _kernel_objective(name) for name in ("CORAL", "MMD", "CausIRL_CORAL", "CausIRL_MMD")},
+    "MTL": _mtl_objective, "SelfReg": _selfreg_objective, "CAD": _cad_objective(False), "CondCAD": _cad_objective(True),
+}
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_modreg_penalty_is_in_the_objective(name):
+    """Mask-logit gradients after one X+ModReg update = autograd of X's objective + L2 + alpha*S1 + beta*S2."""
+    import copy
+
+    from test_modreg import assert_grads_match, composed, logit_grads, objective_grads
+
+    a = composed(name, mmd_gamma=5.0, lmbda=1.0)
+    b = copy.deepcopy(a)  # the same weights, masks' logits and numpy stream
+    batches = separable_batches((12,), n=8)
+    torch.manual_seed(7)  # the masks' samples
+    a.update(batches)
+    expected, without = objective_grads(b, batches, OBJECTIVES[name])
+    assert_grads_match(logit_grads(a.network), expected, without)
