@@ -37,8 +37,7 @@ EMBEDDINGS = ("mean", "noise")
 
 @ALGORITHMS.register("MTL")
 class MTL(FeaturizerClassifier):
-    """Sum over domains of CE(classifier([features, domain embedding]), y); the embedding is an
-    EMA of the domain's mean feature (see the module docstring)."""
+    """Sum over domains of CE(classifier([features, EMA of the domain's mean feature]), y)."""
 
     HPARAMS = {
         "mtl_ema": HParam(0.99, choice([0.5, 0.9, 0.99, 1.0]), "weight of the new batch mean in the domain embedding's EMA"),
