@@ -15,15 +15,15 @@ import torch.nn.functional as F
 
 from conftest import FAST_HPARAMS
 from test_modreg import l2_term
-from domaingen import training
+from domaingen.run import training
 from domaingen.algorithms import ALGORITHMS
-from domaingen.cli import main
+from domaingen.cli.main import main
 from domaingen.datasets import DATASETS
 from domaingen.errors import DomaingenError
 from domaingen.hparams import draw_hparams, run_space
-from domaingen.rundir import RunDirectory
+from domaingen.run.rundir import RunDirectory
 from domaingen.testing import default_hparams, separable_batches
-from domaingen.training import TrainConfig, train
+from domaingen.run.training import TrainConfig, train
 
 NAMES = ["CORAL", "MMD", "CausIRL_CORAL", "CausIRL_MMD", "MTL", "SelfReg", "CAD", "CondCAD"]
 SHAPE = (6,)
@@ -553,3 +553,24 @@ def test_modreg_penalty_is_in_the_objective(name):
     a.update(batches)
     expected, without = objective_grads(b, batches, OBJECTIVES[name])
     assert_grads_match(logit_grads(a.network), expected, without)
+
+
+def test_mtl_evaluates_in_domainbeds_batches_of_64_unpadded():
+    """MTL's test-time embedding is the batch's mean feature, so evaluation must cut the
+    examples as DomainBed does (64 at a time, the last batch short) on every device."""
+    from domaingen.datasets.environment import Environment
+    from domaingen.datasets.splits import Split
+    from domaingen.run.evaluation import CompiledPredict, eval_batch_size, split_accuracy
+
+    algorithm = make("MTL", domains=2, classes=2).eval()
+    assert eval_batch_size(torch.device("cpu"), algorithm) == 64
+    assert eval_batch_size(torch.device("cuda"), algorithm) == 64
+    assert CompiledPredict(algorithm, 64).compiled is None  # padding would change the predictions
+    x = torch.randint(0, 255, (150, *SHAPE), dtype=torch.uint8)
+    y = torch.randint(0, 2, (150,))
+    split = Split(Environment("e", x, y), torch.arange(150))
+    with torch.no_grad():
+        expected = torch.cat([algorithm.predict(split.batch(slice(i, i + 64))[0]).argmax(1)
+                              for i in range(0, 150, 64)])
+    accuracy = split_accuracy(algorithm, split, torch.device("cpu"))
+    assert accuracy == pytest.approx((expected == y).float().mean().item())

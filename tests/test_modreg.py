@@ -382,7 +382,7 @@ def test_negative_mask_lr_is_an_error():
 
 
 def test_negative_mask_lr_on_the_command_line_is_one_line_and_exit_2(tmp_path, capsys):
-    from domaingen.cli.main import main
+    from domaingen.cli.main.main import main
 
     out = tmp_path / "run"
     code = main(["-q", "train", "--dataset", "ColoredMNIST", "--algorithm", "ERM+ModReg", "--data_dir", "embedded",

@@ -38,6 +38,10 @@ class Algorithm(nn.Module):
     # Extra test-time modes that evaluation reports beside the default `predict`
     # (fields env{i}_in_acc_{mode}): mode name -> whether it needs the examples' domain index.
     EVAL_MODES: ClassVar[dict[str, bool]] = {}
+    # Methods whose predictions depend on the evaluation batch (MTL's test-time embedding is
+    # the batch's mean feature) evaluate in batches of exactly this many, never padded; None:
+    # any size (the device's default), predictions independent of it.
+    EVAL_BATCH_SIZE: ClassVar[int | None] = None
     # The fewest training domains the method is defined for (methods that compare domains need 2).
     MIN_TRAIN_DOMAINS: ClassVar[int] = 1
     # Why the method is undefined for a one-logit (binary logistic) classifier; empty when it is defined.

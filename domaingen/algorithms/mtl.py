@@ -43,6 +43,9 @@ class MTL(FeaturizerClassifier):
         "mtl_ema": HParam(0.99, choice([0.5, 0.9, 0.99, 1.0]), "weight of the new batch mean in the domain embedding's EMA"),
         "mtl_embedding": HParam("mean", help="mean (the paper: the domain's mean feature) or noise (DomainBed's code: N(0, 1) noise)"),
     }
+    # At test time the embedding is the evaluation batch's mean feature: evaluate in DomainBed's
+    # batches of 64, unpadded, so the predictions are those of DomainBed's protocol.
+    EVAL_BATCH_SIZE = 64
 
     def __init__(self, input_shape, num_classes, num_domains, hparams) -> None:
         super().__init__(input_shape, num_classes, num_domains, hparams)

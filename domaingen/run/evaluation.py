@@ -41,6 +41,9 @@ def eval_batch_size(device: torch.device, model: nn.Module | None = None) -> int
     ColoredMNIST images: 6.4 MB in fp32), so it evaluates in batches of 1024: fewer
     batches to slice, convert and dispatch. Predictions do not depend on the size.
     """
+    fixed = getattr(model, "EVAL_BATCH_SIZE", None)
+    if fixed:  # the method's predictions depend on the batch: its own size everywhere
+        return int(fixed)
     if device.type != "cpu":
         return ACCELERATOR_EVAL_BATCH_SIZE
     if model is not None and not has_convolutions(model):
@@ -62,6 +65,10 @@ class CompiledPredict:
         self.algorithm = algorithm
         self.batch_size = batch_size
         self.compiled: Predict | None = torch.compile(algorithm.predict, dynamic=False)
+        if getattr(algorithm, "EVAL_BATCH_SIZE", None):
+            # padding the last batch would change a batch-dependent prediction
+            log.warning("%s predicts from whole batches; --compile_eval is ignored for it", type(algorithm).__name__)
+            self.compiled = None
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self.compiled is None:
