@@ -150,9 +150,9 @@ class AbstractDANN(FeaturizerClassifier):
         class_loss = classification_loss(self.classifier(features), y)
         gen_loss = class_loss - float(self.hparams["lambda"]) * disc_loss
         self.optimizer.zero_grad(set_to_none=True)
-        (gen_loss + self.regularization()).backward()
+        # the G step trains the network only: no gradient is accumulated into the discriminator
+        (gen_loss + self.regularization()).backward(inputs=[p for p in self.network.parameters() if p.requires_grad])
         self.optimizer.step()
-        self.disc_optimizer.zero_grad(set_to_none=True)  # the G step leaves the discriminator as it is
         return {"loss": gen_loss.item(), "gen_loss": gen_loss.item(), "class_loss": class_loss.item()}
 
 
