@@ -64,6 +64,8 @@ class SagNet(FeaturizerClassifier):
 
     The content head is `classifier` (what predict uses); `style_classifier` is the
     style head. A one-logit head's adversarial term uses the two-class form [0, z].
+    The content loss carries the network's regularization terms (L2, X+ModReg's penalty)
+    and the adversary's loss the featurizer's, since each step trains those parameters.
     """
 
     HPARAMS = {"sag_w_adv": HParam(0.1, log_uniform(-2, 1), "weight of the adversarial (style-confusion) loss")}
@@ -107,6 +109,7 @@ class SagNet(FeaturizerClassifier):
         logits = as_two_columns(self.style_classifier(randomize(features, mix_style=False)).float())
         loss_adv = -F.log_softmax(logits, dim=1).mean(dim=1).mean() * float(self.hparams["sag_w_adv"])
         self.optimizer_f.zero_grad(set_to_none=True)
-        loss_adv.backward(inputs=[p for p in self.featurizer.parameters() if p.requires_grad])
+        # the featurizer's own regularization terms: this step trains it alone
+        (loss_adv + self.regularization(self.featurizer)).backward(inputs=[p for p in self.featurizer.parameters() if p.requires_grad])
         self.optimizer_f.step()
         return {"loss": loss_c.item(), "loss_c": loss_c.item(), "loss_s": loss_s.item(), "loss_adv": loss_adv.item()}
