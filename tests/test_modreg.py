@@ -577,7 +577,9 @@ def test_dmg_adds_the_penalty_beside_its_overlap_penalty():
 def test_every_registered_base_is_covered_by_a_composition_test():
     # built-in ones; a plugin's (the example's LabelSmoothing, loaded by the generic tests) is the plugin's to test
     builtin = {name for name, owner in ALGORITHMS.owners().items() if owner.endswith("(built in)")}
-    assert builtin == {"ERM", "IRM", "VREx", "Fish", "SANDMask", "DMG"}
+    # DANN ... RDM: their composition tests are in test_algorithms_bottleneck_rdm.py (test_modreg_penalty_enters_...)
+    assert builtin == {"ERM", "IRM", "VREx", "Fish", "SANDMask", "DMG",
+                       "DANN", "CDANN", "SagNet", "URM", "ADRMX", "IB_ERM", "IB_IRM", "RDM"}
 
 
 def test_a_base_whose_objective_takes_no_additive_term_is_refused():
