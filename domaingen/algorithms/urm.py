@@ -31,19 +31,14 @@ ACTIVATIONS = {"tanh": nn.Tanh, "relu": nn.ReLU, "sigmoid": nn.Sigmoid}
 DISCRIMINATOR_WIDTH = 100
 
 
-class BoundedFeaturizer(nn.Module):
-    """A featurizer followed by an activation on its output vector."""
+class OutputActivation:
+    """A forward hook that passes a module's output through `activation` (the featurizer keeps its layout)."""
 
-    def __init__(self, body: nn.Module, activation: nn.Module) -> None:
-        super().__init__()
-        self.body = body
+    def __init__(self, activation: nn.Module) -> None:
         self.activation = activation
-        self.n_outputs = body.n_outputs
-        if hasattr(body, "head_init"):
-            self.head_init = body.head_init
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.activation(self.body(x))
+    def __call__(self, module: nn.Module, inputs: Any, output: torch.Tensor) -> torch.Tensor:
+        return self.activation(output)
 
 
 def discriminator(n_inputs: int, hidden_layers: int) -> nn.Sequential:
@@ -106,8 +101,10 @@ class URM(FeaturizerClassifier):
             raise DomaingenError(f"urm_adv_lambda must be >= 0 (it weighs a loss term), got {hparams['urm_adv_lambda']}")
 
     def prepare_modules(self) -> None:
-        activation = ACTIVATIONS[self.hparams["urm_generator_output"]]()
-        self.featurizer = BoundedFeaturizer(self.featurizer, activation)
+        # the bounded output is part of the featurizer (every call of it, diagnostics included), added as a
+        # hook so that its layers keep their names
+        self.feature_activation = ACTIVATIONS[self.hparams["urm_generator_output"]]()
+        self.featurizer.register_forward_hook(OutputActivation(self.feature_activation))
         super().prepare_modules()
 
     def discriminator_logit(self, features: torch.Tensor) -> torch.Tensor:
