@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from conftest import FAST_HPARAMS
-from domaingen.cli.main.main import main
+from domaingen.cli.main import main
 
 FAST = json.dumps(FAST_HPARAMS)
 
