@@ -24,6 +24,7 @@ class ANDMask(FeaturizerClassifier):
     `tau` has its own distribution, U(0.5, 1) (SANDMask's `tau` is U(0, 1)), as in DomainBed.
     """
 
+    MIN_TRAIN_DOMAINS = 2  # one environment always agrees with itself: ERM
     HPARAMS = {
         "tau": HParam(1.0, uniform(0.5, 1.0), "sign-agreement threshold in [0, 1] (1: every environment agrees)"),
     }
