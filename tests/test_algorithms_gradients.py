@@ -148,6 +148,21 @@ def test_iga_penalty_value_is_the_sum_of_squared_deviations_from_the_mean_gradie
     assert algorithm.update(batches)["penalty"] == pytest.approx(expected, rel=1e-5)
 
 
+def test_iga_learns_with_a_small_penalty_and_stays_constant_with_domainbeds():
+    shape = (2, 14, 14)
+    held_out = separable_batches(shape, n=64, seed=99)
+    x, y = torch.cat([b[0] for b in held_out]), torch.cat([b[1] for b in held_out])
+    losses = {}
+    for penalty in (1.0, 1000.0):
+        algorithm = build("IGA", shape, featurizer="MLP", mlp_width=32, penalty=penalty)
+        for step in range(25):
+            algorithm.update(separable_batches(shape, seed=step))
+        with torch.no_grad():
+            losses[penalty] = F.cross_entropy(algorithm.predict(x), y).item()
+    assert losses[1.0] < 0.1
+    assert losses[1000.0] > 0.5  # from about log 2 = 0.69
+
+
 def test_iga_with_modreg_is_refused_with_the_reason():
     with pytest.raises(DomaingenError, match=r"^ModReg cannot be composed with IGA: its penalty's gradient "
                                              r"differentiates the environments' gradients \(double backpropagation\)"):
