@@ -479,3 +479,23 @@ def test_an_interrupted_run_resumes_to_the_same_records(name, tmp_path, monkeypa
         [{k: v for k, v in r.items() if k not in drop} for r in straight]
     state = RunDirectory(tmp_path / "resumed").load_checkpoint()
     assert state is not None
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--algorithm", "Fishr", "--hparams", '{"ema": 1.0}'],
+     "domaingen: error: ema must be in [0, 1) (the weight of past gradient variances), got 1.0"),
+    (["--algorithm", "TRM", "--test_envs", "0", "1"],
+     "domaingen: error: TRM needs at least 2 training domains, got 1; hold out fewer environments"),
+    (["--algorithm", "IGA+ModReg"],
+     "domaingen: error: ModReg cannot be composed with IGA: its penalty's gradient differentiates the "
+     "environments' gradients (double backpropagation), which ModReg's masked layers do not support"),
+])
+def test_refusals_on_the_command_line_are_one_line_and_exit_2(args, message, tmp_path, capsys):
+    from domaingen.cli import main
+
+    out = tmp_path / "run"
+    code = main(["-q", "train", "--dataset", "ColoredMNIST", "--data_dir", "embedded", "--steps", "1",
+                 "--output_dir", str(out), *args])
+    assert code == 2
+    assert capsys.readouterr().err.strip().splitlines() == [message]
+    assert not out.exists()

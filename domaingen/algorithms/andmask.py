@@ -17,9 +17,10 @@ def and_mask(env_grads: torch.Tensor, tau: float) -> torch.Tensor:
 
 @ALGORITHMS.register("ANDMask")
 class ANDMask(FeaturizerClassifier):
-    """Step on mask * mean_e(g_e) / mean(mask), per parameter tensor, where the mask keeps the
-    elements on whose gradient sign at least a fraction tau of the environments agree
-    (|mean_e sign g_e| >= tau; tau = 1: all of them).
+    """Step on mask * mean_e(g_e) / mean(mask) per tensor; mask = 1[|mean_e sign g_e| >= tau].
+
+    The mask keeps the gradient elements on whose sign the environments agree (tau = 1: all
+    of them; each environment's gradient includes the regularization terms).
 
     `tau` has its own distribution, U(0.5, 1) (SANDMask's `tau` is U(0, 1)), as in DomainBed.
     """

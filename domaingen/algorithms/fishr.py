@@ -48,8 +48,9 @@ def gradient_variances(grads: torch.Tensor, sizes: list[int]) -> torch.Tensor:
 
 @ALGORITHMS.register("Fishr")
 class Fishr(FeaturizerClassifier):
-    """Risk of all examples + lambda * mean_d mean_j (v_d,j - mean_d' v_d',j)^2, where v_d is domain d's
-    variance of the classifier's per-example gradients, averaged over steps by an exponential
+    """Risk + lambda * mean_d mean_j (v_dj - mean_d' v_d'j)^2, v_d: domain d's variances of per-example head gradients.
+
+    v_d is domain d's variance of the classifier's per-example gradients, averaged over steps by an exponential
     moving average (weight `ema` on the past, divided by 1 - ema so that the penalty's
     gradient does not scale with it).
 

@@ -26,8 +26,11 @@ def gradient_variance(env_grads: list[tuple[torch.Tensor, ...]]) -> torch.Tensor
 
 @ALGORITHMS.register("IGA")
 class IGA(FeaturizerClassifier):
-    """Mean environment risk + penalty * sum_e ||grad R_e - mean_e grad R_e||^2, whose gradient
-    (a Hessian-vector product per environment) is taken by double backpropagation."""
+    """Mean environment risk + penalty * sum_e ||grad R_e - mean_e grad R_e||^2 (gradients of every weight).
+
+    The penalty's gradient (a Hessian-vector product per environment) is taken by double
+    backpropagation.
+    """
 
     HPARAMS = {
         "penalty": HParam(1000, log_uniform(1, 5), "weight of the gradient-variance penalty"),

@@ -35,7 +35,9 @@ def loss_gap(logits: torch.Tensor, y: torch.Tensor, sizes: list[int]) -> torch.T
 
 @ALGORITHMS.register("Transfer")
 class Transfer(FeaturizerClassifier):
-    """Each update: an Adam step on the risk of all examples; an Adam step of the featurizer on
+    """Risk, then t_lambda * the loss gap max_e R_e - min_e R_e of an adversarial head near the classifier.
+
+    Each update: an Adam step on the risk of all examples; an Adam step of the featurizer on
     t_lambda * (max_e R_e(h') - min_e R_e(h')) for the adversarial head h'; then h' <- h, followed by
     `d_steps_per_g` SGD (lr_d) ascent steps of h' on that gap, each projected onto the ball of
     radius `delta` around the classifier h (Euclidean norm over weight and bias).

@@ -59,8 +59,10 @@ def neumann_inverse_hvp(head: nn.Linear, features: torch.Tensor, vector: torch.T
 
 @ALGORITHMS.register("TRM")
 class TRM(FeaturizerClassifier):
-    """ERM for the first `iters` updates; then risk of all examples + (1/E) sum_Q [sum_{P != Q} a_QP R_P(h_Q)
-    - cos_lambda * <H_Q^-1 grad R_P-part, grad R_Q(h_Q)>], where h_Q is a linear head fitted to domain Q's
+    """Risk + transfer risk of per-domain heads h_Q to the other domains - cos_lambda * their gradient alignment.
+
+    ERM for the first `iters` updates; then risk of all examples + (1/E) sum_Q [sum_{P != Q} a_QP R_P(h_Q)
+    - cos_lambda * <H_Q^-1 sum_P a_QP grad R_P(h_Q), grad R_Q(h_Q)>], where h_Q is a linear head fitted to domain Q's
     features (HEAD_STEPS of gradient descent per update, warm-started), H_Q the Hessian of R_Q w.r.t. its
     weight (inverse by a Neumann series), and a_QP GroupDRO-style weights (rows normalised to 1,
     a_QP <- a_QP exp(groupdro_eta * a_QP R_P), the weighted risk in the exponent as in DomainBed).
