@@ -75,6 +75,7 @@ class TRM(FeaturizerClassifier):
     aliases it), and the gradient of a_QP R_P w.r.t. the features uses a_QP after this update's
     exponentiated step (the weight is updated in place before backpropagation), while its value uses a_QP
     before it; here both use the value before.
+    One head per training domain (DomainBed builds one more, never used, so initial draws differ).
     The penalty terms are computed in fp32 (closed forms for the linear heads' gradients and
     Hessian-vector products, no double backpropagation).
     """
