@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from domaingen import training
+from domaingen.run import training
 from domaingen.algorithms import ALGORITHMS
 from domaingen.algorithms.andmask import and_mask
 from domaingen.algorithms.fishr import per_example_head_gradients
@@ -19,7 +19,7 @@ from domaingen.algorithms.trm import head_hessian_vector, neumann_inverse_hvp
 from domaingen.datasets import DATASETS
 from domaingen.errors import DomaingenError
 from domaingen.hparams import draw_hparams, run_space
-from domaingen.training import TrainConfig, train
+from domaingen.run.training import TrainConfig, train
 from test_algorithms_generic import build, separable_batches
 
 NAMES = ["ANDMask", "IGA", "Fishr", "TRM", "Transfer"]
