@@ -22,6 +22,7 @@ from domaingen.run.eval_plan import DEFAULT_EVAL_SPLITS, LEGACY_EVAL_SPLITS, che
 from domaingen.run.evaluation import CompiledPredict, autocast_context, eval_batch_size, evaluate, training_domains
 from domaingen.hparams import apply_overrides, draw_hparams, parse_overrides, run_space, seed_hash
 from domaingen.devices import place_model, resolve_device
+from domaingen.networks import check_backbone
 from domaingen.plugins import load_plugins, loaded_plugins, merge_specs, portable, split_specs
 from domaingen.run.precision import PRECISIONS, REQUESTED_PRECISIONS, resolve_precision
 from domaingen.run.rundir import DONE_STATE, FAILED_STATE, LOG, RunDirectory
@@ -149,6 +150,7 @@ def resolve(config: TrainConfig) -> ResolvedRun:
     overrides = parse_overrides(config.hparams)
     hparams = apply_overrides(draw_hparams(space, config.dataset, config.hparams_seed), overrides, space)
     algorithm_cls.check_hparams(hparams)
+    check_backbone(hparams)
     algorithm_cls.check_problem(len(dataset_cls.ENVIRONMENTS) - len(test_envs), hparams, config.algorithm)
     seed = config.seed
     if seed is None:
