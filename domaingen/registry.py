@@ -54,7 +54,7 @@ class Registry(Generic[T]):
                     "rename one of them"
                 )
             self._entries[key] = cls
-            self._composed = {k: v for k, v in self._composed.items() if k.rpartition("+")[0] != key}
+            self._composed = {k: v for k, v in self._composed.items() if k.partition("+")[0] != key}
             return cls
 
         return decorate
@@ -62,7 +62,7 @@ class Registry(Generic[T]):
     def unregister(self, name: str) -> None:
         """Remove an entry (used by tests that register temporary classes)."""
         self._entries.pop(name, None)
-        self._composed = {k: v for k, v in self._composed.items() if k.rpartition("+")[0] != name}
+        self._composed = {k: v for k, v in self._composed.items() if k.partition("+")[0] != name}
 
     def owners(self) -> dict[str, str]:
         """name -> the module that registered it (see `owner`), in registration order."""
@@ -84,8 +84,9 @@ class Registry(Generic[T]):
         if name in self._composed:
             return self._composed[name]
         base, plus, suffix = name.rpartition("+")
-        if plus and suffix in self._modifiers and base in self._entries:
-            self._composed[name] = self._modifiers[suffix](self._entries[base])
+        if plus and suffix in self._modifiers and base and base != name and self._known(base):
+            # modifiers chain: `ERM+ModReg+SWAD` is SWAD applied to `ERM+ModReg`
+            self._composed[name] = self._modifiers[suffix](self.get(base))
             return self._composed[name]
         valid = ", ".join(self.names())
         if self._modifiers:
@@ -98,9 +99,13 @@ class Registry(Generic[T]):
         An unknown name raises the same message as `get`.
         """
         self.get(name)
-        if name in self._entries:
-            return name
-        return name.rpartition("+")[0]
+        while name not in self._entries:
+            name = name.rpartition("+")[0]
+        return name
+
+    def _known(self, name: str) -> bool:
+        base, plus, suffix = name.rpartition("+")
+        return name in self._entries or bool(plus and suffix in self._modifiers and self._known(base))
 
     def names(self) -> list[str]:
         """Registered names, in registration order."""

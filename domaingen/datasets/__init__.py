@@ -116,12 +116,13 @@ folder rules of PACS above (shared sorted class folders, unreadable files skippe
 ### Networks and data loading (image datasets)
 
 Hyperparameters of the image datasets: `lr` 5e-5, `batch_size` 32 (DomainNet's
-random range 2^U(3,5)), `weight_decay` 0, `resnet_dropout` 0, and
+random range 2^U(3,5)), `weight_decay` 0, `resnet_dropout` and `vit_dropout` 0, and
 
 | hparam | default | |
 |---|---|---|
-| `backbone` | resnet50 | resnet18 or resnet50 (torchvision); `featurizer: auto` picks the ResNet whenever `backbone` is set |
-| `pretrained` | true | ImageNet (IMAGENET1K_V1) weights from `$DOMAINGEN_WEIGHTS` (the .pth file, or a folder holding it), else the torch hub cache, else downloaded there; `false` = random initialisation, with a warning |
+| `backbone` | resnet50 | resnet18 or resnet50 (torchvision, ImageNet V1), resnet50_augmix (timm's `resnet50.ram_in1k`, DomainBed HEAD's default), dinov2 (DomainBed HEAD's DINOv2 ViT-B/14 features), or `timm:NAME` for any timm model (extra `[timm]`); `featurizer: auto` builds it |
+| `resnet18`, `resnet50_augmix`, `vit` + `dinov2`, `vit_attn_tune` | false | DomainBed HEAD's names for the same choices (its `--hparams` work unchanged); `vit_attn_tune` trains a ViT's attention only |
+| `pretrained` | true | weights from `$DOMAINGEN_WEIGHTS` (the file, or a folder holding torchvision's .pth or `<timm name>.safetensors`), else the torch hub / timm cache, else downloaded there; `false` = random initialisation, with a warning |
 | `freeze_bn` | true | BatchNorm running statistics frozen (the 2021 protocol); `false` lets them update |
 | `image_size` | 224 | side of the network input |
 | `num_workers` | auto | DataLoader processes: `auto` = min(8, CPUs available); never more than the CPUs |

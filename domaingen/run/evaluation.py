@@ -211,3 +211,37 @@ def evaluate(
     finally:
         algorithm.train(was_training)
     return results
+
+
+def validation_loss(
+    algorithm: Algorithm,
+    splits: Sequence[tuple[Split, Split]],
+    test_envs: Collection[int],
+    device: torch.device,
+    precision: str = "fp32",
+    dataset: MultiDomainDataset | None = None,
+    batch_size: int | None = None,
+) -> float:
+    """The training-domain validation loss: the mean over training environments of the mean
+    cross-entropy of each `out` split (SWAD's `tr_outloss`), in eval mode without autograd."""
+    from domaingen.algorithms.base import classification_loss
+
+    batch_size = batch_size or eval_batch_size(device, algorithm)
+    was_training = algorithm.training
+    algorithm.eval()
+    losses = []
+    try:
+        with torch.inference_mode():
+            for i, (_, split_out) in enumerate(splits):
+                if i in test_envs or len(split_out) == 0:
+                    continue
+                batches = dataset.eval_batches(split_out, batch_size) if dataset is not None else _slices(split_out, batch_size)
+                total = 0.0
+                for x, y in batches:
+                    with autocast_context(device, precision):
+                        logits = algorithm.predict(to_device(x, device, has_convolutions(algorithm)))
+                    total += float(classification_loss(logits.float(), to_device(y, device, False))) * len(y)
+                losses.append(total / len(split_out))
+    finally:
+        algorithm.train(was_training)
+    return sum(losses) / len(losses) if losses else float("nan")

@@ -19,9 +19,11 @@ from domaingen.datasets.cache import DatasetCache
 from domaingen.datasets.sampling import MinibatchSampler  # noqa: F401  (re-exported: bench and older code import it here)
 from domaingen.errors import DomaingenError, RunDirectoryError
 from domaingen.run.eval_plan import DEFAULT_EVAL_SPLITS, LEGACY_EVAL_SPLITS, check_eval_splits, planned_splits
-from domaingen.run.evaluation import CompiledPredict, autocast_context, eval_batch_size, evaluate, training_domains
+from domaingen.run.evaluation import (CompiledPredict, autocast_context, eval_batch_size, evaluate, training_domains,
+                                      validation_loss)
 from domaingen.hparams import apply_overrides, draw_hparams, parse_overrides, run_space, seed_hash
 from domaingen.devices import place_model, resolve_device
+from domaingen.networks import check_backbone
 from domaingen.plugins import load_plugins, loaded_plugins, merge_specs, portable, split_specs
 from domaingen.run.precision import PRECISIONS, REQUESTED_PRECISIONS, resolve_precision
 from domaingen.run.rundir import DONE_STATE, FAILED_STATE, LOG, RunDirectory
@@ -149,6 +151,11 @@ def resolve(config: TrainConfig) -> ResolvedRun:
     overrides = parse_overrides(config.hparams)
     hparams = apply_overrides(draw_hparams(space, config.dataset, config.hparams_seed), overrides, space)
     algorithm_cls.check_hparams(hparams)
+    check_backbone(hparams)
+    if getattr(algorithm_cls, "NEEDS_VALIDATION", False) and config.holdout_fraction == 0:
+        raise DomaingenError(
+            f"{config.algorithm} chooses its averaging window from the training-domain validation loss, but "
+            "holdout_fraction is 0 (no validation split); set holdout_fraction above 0, or use X+EMA")
     num_train_domains = len(dataset_cls.ENVIRONMENTS) - len(test_envs)
     hparams = algorithm_cls.fit_hparams(hparams, num_train_domains, set(overrides))
     algorithm_cls.check_problem(num_train_domains, hparams, config.algorithm)
@@ -309,12 +316,17 @@ def _train_loop(
         if step % args["checkpoint_freq"] == 0 or step == args["steps"] - 1:
             evaluated = planned_splits(step, args["steps"], args["checkpoint_freq"], len(splits), args["test_envs"],
                                        args["eval_splits"], args["train_in_every"])
+            averaging = _close_averaging_segment(algorithm, step, args, splits, device, dataset, sampler)
+            accuracies = evaluate(algorithm, splits, device, args["resolved_precision"], dataset=dataset,
+                                  env_domains=env_domains, predict=predict, only=evaluated)
+            if averaging and step != args["steps"] - 1:  # SWAD before its end: the live model, under other names
+                accuracies = {f"live_{k}": v for k, v in accuracies.items()}
             record = {
                 "step": step,
                 "epoch": step / steps_per_epoch,
                 **{k: sum(v) / len(v) for k, v in pending.items()},
-                **evaluate(algorithm, splits, device, args["resolved_precision"], dataset=dataset, env_domains=env_domains,
-                           predict=predict, only=evaluated),
+                **averaging,
+                **accuracies,
                 "evaluated": evaluated,
                 **algorithm.diagnostics(),
                 "mem_gb": peak_memory_gb(device),
@@ -328,6 +340,22 @@ def _train_loop(
             _save(rundir, step + 1, algorithm, sampler, selected)
             log.info(_summary_line(record, args["test_envs"]))
     return rundir.records()
+
+
+def _close_averaging_segment(
+    algorithm: Algorithm, step: int, args: Mapping[str, Any], splits: Any, device: torch.device,
+    dataset: MultiDomainDataset, sampler: Any,
+) -> dict[str, float]:
+    """For an algorithm averaged at the end (X+SWAD): close its segment with the live model's
+    training-domain validation loss and, at the last step, build the average. Returns the
+    record fields it adds (none for other algorithms)."""
+    if not getattr(algorithm, "AVERAGED_AT_END", False):
+        return {}
+    loss = validation_loss(algorithm, splits, args["test_envs"], device, args["resolved_precision"], dataset=dataset)
+    algorithm.close_segment(step, loss)
+    if step == args["steps"] - 1:
+        algorithm.finish_averaging(iter(sampler.next, None))
+    return {"swad_val_loss": loss}
 
 
 def _summary_line(record: Mapping[str, Any], test_envs: Sequence[int]) -> str:

@@ -19,6 +19,7 @@ from typing import Sequence
 import pandas as pd
 
 from domaingen.errors import DomaingenError
+from domaingen.networks import describe_backbone
 from domaingen.run.rundir import DONE, FAILED, RESULTS, read_jsonl
 
 log = logging.getLogger(__name__)
@@ -61,6 +62,8 @@ def _flatten(record: dict, run: str) -> dict | None:
     row["trial_seed"] = args.get("trial_seed", 0)
     row["hparams"] = json.dumps(record.get("hparams", {}), sort_keys=True)
     row["data_source"] = record.get("data_source") or args.get("data_source") or UNKNOWN_SOURCE
+    hparams = record.get("hparams")
+    row["backbone"] = describe_backbone(hparams) if isinstance(hparams, dict) else None
     return row
 
 

@@ -174,8 +174,13 @@ def average_label(names: Sequence[str], envs: Sequence[int]) -> str | None:
 
 def source_label(records: pd.DataFrame, dataset: str | None = None) -> str:
     """The data source(s) of `dataset`'s records (of all records when None), for a caption."""
-    sources = data_sources(records if dataset is None else records[records["dataset"] == dataset])
-    return " + ".join(sources) + (" (mixed)" if len(sources) > 1 else "")
+    mine = records if dataset is None else records[records["dataset"] == dataset]
+    sources = data_sources(mine)
+    label = " + ".join(sources) + (" (mixed)" if len(sources) > 1 else "")
+    backbones = sorted(mine["backbone"].dropna().astype(str).unique()) if "backbone" in mine else []
+    if backbones:  # which network and BatchNorm rule the runs used: tables of two protocols never look alike
+        label += "; backbone " + " + ".join(backbones) + (" (mixed)" if len(backbones) > 1 else "")
+    return label
 
 
 def _missing_reason(collection: Collection, dataset: str, algorithm: str, env: int, method: str) -> str:

@@ -1,4 +1,11 @@
-"""Featurizers (MLP, MNIST_CNN, ResNet) and classifier heads.
+"""Featurizers (MLP, MNIST_CNN, torchvision ResNets, timm models) and classifier heads.
+
+The image backbone is the `backbone` hyperparameter (see `backbone_of`): `resnet18` and
+`resnet50` (torchvision, ImageNet V1 weights: the 2021 protocol, the default),
+`resnet50_augmix` (timm's AugMix ResNet-50, DomainBed HEAD's default), `dinov2` (DomainBed's
+DINOv2 ViT-B/14 features), or `timm:NAME` for any timm model (`networks/timm_models.py`).
+DomainBed HEAD's boolean names (`resnet18`, `resnet50_augmix`, `vit` with `dinov2`,
+`vit_attn_tune`) choose the same backbones, so its `--hparams` work unchanged.
 
 The device helpers (`resolve_device`, `to_device`, `place_model`, `has_convolutions`) live in
 `domaingen.devices`, which data code imports too; they stay importable from here.
@@ -17,6 +24,7 @@ from torch import nn
 
 from domaingen.devices import CONVOLUTIONS, has_convolutions, place_model, resolve_device, to_device  # noqa: F401
 from domaingen.errors import DomaingenError
+from domaingen.networks import timm_models
 from domaingen.registry import Registry
 
 log = logging.getLogger(__name__)
@@ -87,6 +95,13 @@ def _xavier(layer: nn.Linear) -> None:
 
 RESNETS = ("resnet18", "resnet50")
 WEIGHTS_ENV = "DOMAINGEN_WEIGHTS"
+DEFAULT_BACKBONE = "resnet50"
+TIMM_PREFIX = "timm:"
+# named backbones served by timm (DomainBed HEAD's), and the timm model behind each
+TIMM_NAMED = {"resnet50_augmix": timm_models.AUGMIX_RESNET50, "dinov2": timm_models.DINOV2_VITB14}
+BACKBONES = RESNETS + tuple(TIMM_NAMED)
+# DomainBed HEAD's boolean hyperparameters that choose a backbone, in its order of precedence
+DOMAINBED_FLAGS = ("resnet50_augmix", "resnet18")
 
 
 def as_bool(value: Any, name: str) -> bool:
@@ -101,6 +116,72 @@ def as_bool(value: Any, name: str) -> bool:
     if text in ("false", "0", "no", "off"):
         return False
     raise DomaingenError(f"hyperparameter '{name}' must be true or false, got {value!r}")
+
+
+def backbone_of(hparams: Mapping[str, Any]) -> str | None:
+    """The backbone a run's hyperparameters choose, None when they name none (MNIST-sized data).
+
+    DomainBed HEAD's flags win over `backbone` as in its networks.py: `vit` with `dinov2` ->
+    dinov2, else `resnet50_augmix` -> resnet50_augmix, else `resnet18` -> resnet18. A flag
+    that names another backbone than an explicitly set `backbone` is refused, and so are
+    `vit` without `dinov2` (DomainBed has no such backbone) and `dinov2` without `vit`.
+    """
+    given = hparams.get("backbone")
+    flags = {k: as_bool(hparams.get(k, False), k) for k in ("vit", "dinov2", *DOMAINBED_FLAGS)}
+    if flags["vit"] != flags["dinov2"]:
+        raise DomaingenError("DomainBed's only ViT backbone is DINOv2: set vit and dinov2 both true (or both false), "
+                             "or choose a ViT with backbone timm:NAME")
+    implied = "dinov2" if flags["vit"] else next((k for k in DOMAINBED_FLAGS if flags[k]), None)
+    if implied is None:
+        return None if given is None else str(given)
+    if given not in (None, DEFAULT_BACKBONE, implied):
+        raise DomaingenError(f"backbone '{given}' and the DomainBed flag(s) set true ({implied}) name two backbones; "
+                             "set one of them")
+    return implied
+
+
+def check_backbone(hparams: Mapping[str, Any], input_shape: Sequence[int] | None = None) -> None:
+    """Refuse, before a run writes anything, a backbone that cannot be built: an unknown name,
+    timm missing for a timm backbone, or $DOMAINGEN_WEIGHTS holding no file that fits it."""
+    backbone = backbone_of(hparams)
+    if backbone is None or backbone in RESNETS:
+        if backbone is not None and as_bool(hparams.get("vit_attn_tune", False), "vit_attn_tune"):
+            raise DomaingenError(f"vit_attn_tune trains a ViT's attention only, but the backbone is {backbone}; "
+                                 "set vit_attn_tune false")
+        return
+    name = timm_name(backbone)
+    timm_models.check_model_name(name)
+    if as_bool(hparams.get("pretrained", True), "pretrained"):
+        size = int(hparams.get("image_size", 224))
+        timm_models.check_weights(name, tuple(input_shape) if input_shape else (3, size, size))
+
+
+def timm_name(backbone: str) -> str:
+    """The timm model of a timm-served backbone (`timm:NAME` or a named one); raises for any other name."""
+    if backbone.startswith(TIMM_PREFIX) and len(backbone) > len(TIMM_PREFIX):
+        return backbone[len(TIMM_PREFIX):]
+    if backbone in TIMM_NAMED:
+        return TIMM_NAMED[backbone]
+    raise DomaingenError(f"unknown backbone '{backbone}'; valid backbones: {', '.join(BACKBONES)}, "
+                         "or timm:NAME for any timm model")
+
+
+def describe_backbone(hparams: Mapping[str, Any]) -> str | None:
+    """'resnet50, BatchNorm frozen' (for table captions); None when the run has no backbone.
+
+    Reads DomainBed's own records too (their `resnet18`/`resnet50_augmix`/`freeze_bn` flags;
+    a DomainBed 2021 record has no `freeze_bn`: its ResNet always froze BatchNorm).
+    """
+    try:
+        backbone = backbone_of(hparams)
+        if backbone is None and "resnet_dropout" in hparams:  # DomainBed 2021: the ResNet-50 unless resnet18
+            backbone = DEFAULT_BACKBONE
+        if backbone is None:
+            return None
+        frozen = as_bool(hparams.get("freeze_bn", True), "freeze_bn")
+    except DomaingenError:
+        return None
+    return f"{backbone}, BatchNorm {'frozen' if frozen else 'updating'}"
 
 
 def imagenet_weights_file(backbone: str) -> Path:
@@ -164,7 +245,8 @@ class ResNet(nn.Module):
         import torchvision
 
         if backbone not in RESNETS:
-            raise DomaingenError(f"unknown backbone '{backbone}'; valid backbones: {', '.join(RESNETS)}")
+            raise DomaingenError(f"unknown backbone '{backbone}'; valid backbones: {', '.join(BACKBONES)}, "
+                                 "or timm:NAME for any timm model")
         self.resnet = getattr(torchvision.models, backbone)(weights=None)
         if pretrained:
             self.resnet.load_state_dict(load_imagenet_weights(backbone))
@@ -237,24 +319,42 @@ def _resnet(input_shape: Sequence[int], hparams: Mapping[str, Any]) -> nn.Module
     _needs_images("ResNet", input_shape)
     return ResNet(
         input_shape,
-        backbone=str(hparams.get("backbone") or "resnet50"),
+        backbone=backbone_of(hparams) or DEFAULT_BACKBONE,
         pretrained=as_bool(hparams.get("pretrained", True), "pretrained"),
         freeze_bn=as_bool(hparams.get("freeze_bn", True), "freeze_bn"),
         dropout=float(hparams.get("resnet_dropout", 0.0)),
     )
 
 
+@FEATURIZERS.register("timm")
+def _timm(input_shape: Sequence[int], hparams: Mapping[str, Any]) -> nn.Module:
+    _needs_images("a timm backbone", input_shape)
+    backbone = backbone_of(hparams) or "timm:"
+    return timm_models.TimmFeaturizer(
+        input_shape,
+        timm_name(backbone),
+        pretrained=as_bool(hparams.get("pretrained", True), "pretrained"),
+        freeze_bn=as_bool(hparams.get("freeze_bn", True), "freeze_bn"),
+        resnet_dropout=float(hparams.get("resnet_dropout", 0.0)),
+        vit_dropout=float(hparams.get("vit_dropout", 0.0)),
+        features="dinov2" if backbone == "dinov2" else "pooled",
+        attn_only=as_bool(hparams.get("vit_attn_tune", False), "vit_attn_tune"),
+    )
+
+
 def build_featurizer(input_shape: Sequence[int], hparams: Mapping[str, Any]) -> nn.Module:
     """The featurizer named by hparams['featurizer'] (a name in FEATURIZERS), or chosen for 'auto'.
 
-    'auto' picks a ResNet when hparams['backbone'] names one (resnet18, resnet50),
-    else an MLP for flat inputs and MNIST_CNN for images. The result has an
-    `n_outputs` attribute, the width of its features.
+    'auto' picks the backbone `backbone_of(hparams)` names when there is one (a torchvision
+    ResNet for resnet18/resnet50, the timm featurizer for the others), else an MLP for flat
+    inputs and MNIST_CNN for images. The result has an `n_outputs` attribute, the width of
+    its features.
     """
     name = hparams.get("featurizer", "auto")
     if name == "auto":
-        if hparams.get("backbone") is not None:
-            name = "ResNet"
+        backbone = backbone_of(hparams)
+        if backbone is not None:
+            name = "ResNet" if backbone in RESNETS else "timm"
         else:
             name = "MLP" if len(input_shape) == 1 else "MNIST_CNN"
     if name not in FEATURIZERS:
