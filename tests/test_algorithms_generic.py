@@ -83,13 +83,19 @@ LOSS_STAYS = {
 }
 
 
+# Updates the check gives methods that train the network in only some of their updates:
+# ADRMX (its default d_steps_per_g_step = 2: one update in three moves the 9-layer network) with
+# ModReg's masks reaches the check's bound after about 80 updates (0.693 -> 0.656 after 40).
+SLOW_LEARNERS = {"ADRMX+ModReg": 120}
+
+
 @pytest.mark.parametrize("name", [
     pytest.param(n, marks=pytest.mark.xfail(strict=True, reason=LOSS_STAYS[n])) if n in LOSS_STAYS else n
     for n in ALL_ALGORITHMS
 ])
 def test_loss_falls_on_separable_problem(name):
     # the update rule is under test, not the featurizer (every featurizer runs in the build test)
-    check_loss_falls(name)
+    check_loss_falls(name, steps=SLOW_LEARNERS.get(name, 40))
 
 
 @pytest.mark.parametrize("name", ALL_ALGORITHMS)
