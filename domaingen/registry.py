@@ -6,6 +6,7 @@ one is a new module and nothing else: there is no central if/elif chain.
 
 from __future__ import annotations
 
+import difflib
 from typing import Callable, Generic, Iterator, TypeVar
 
 from domaingen.errors import DomaingenError
@@ -75,22 +76,53 @@ class Registry(Generic[T]):
         self._modifiers[suffix] = compose
 
     def get(self, name: str) -> T:
-        """Return the class registered as `name` (or composed as `BASE+MODIFIER`).
+        """Return the class registered as `name` (or composed as `BASE+MODIFIER`), in any case.
 
-        An unknown name raises a message listing the valid names.
+        An unknown name raises a message with the closest name, the valid names and
+        how to load one's own (--plugins).
         """
         if name in self._entries:
             return self._entries[name]
         if name in self._composed:
             return self._composed[name]
+        name = self.canonical(name)
+        if name in self._entries:
+            return self._entries[name]
+        base, _, suffix = name.rpartition("+")
+        self._composed[name] = self._modifiers[suffix](self._entries[base])
+        return self._composed[name]
+
+    def _spelled(self, name: str, table: dict[str, object]) -> str | None:
+        """`name` as `table` spells it: itself, or its only case-insensitive match."""
+        if name in table:
+            return name
+        matches = [key for key in table if key.casefold() == name.casefold()]
+        return matches[0] if len(matches) == 1 else None
+
+    def canonical(self, name: str, where: str = "") -> str:
+        """The registered spelling of `name` ("erm+modreg" -> "ERM+ModReg"); an unknown name raises
+        UnknownNameError with the closest valid name, the valid names and a word on --plugins
+        (`where`, e.g. " in 'algorithms'", follows the name in that message)."""
+        if not isinstance(name, str):
+            raise UnknownNameError(f"{self.kind} names are text, got {name!r}")
+        entry = self._spelled(name, self._entries)
+        if entry is not None:
+            return entry
         base, plus, suffix = name.rpartition("+")
-        if plus and suffix in self._modifiers and base in self._entries:
-            self._composed[name] = self._modifiers[suffix](self._entries[base])
-            return self._composed[name]
+        base, suffix = self._spelled(base, self._entries), self._spelled(suffix, self._modifiers)
+        if plus and base is not None and suffix is not None:
+            return f"{base}+{suffix}"
+        raise UnknownNameError(self._unknown(name, where))
+
+    def _unknown(self, name: str, where: str = "") -> str:
+        folded = {key.casefold(): key for key in [*self._entries, *self.composed_names()]}
+        close = difflib.get_close_matches(name.casefold(), list(folded), n=1, cutoff=0.6)
+        hint = f"did you mean '{folded[close[0]]}'? " if close else ""
         valid = ", ".join(self.names())
         if self._modifiers:
             valid += "; and X+" + ", X+".join(self._modifiers) + " for any of them"
-        raise UnknownNameError(f"unknown {self.kind} '{name}'; valid {self.kind}s: {valid}")
+        return (f"unknown {self.kind} '{name}'{where}; {hint}valid {self.kind}s: {valid} "
+                f"(one of your own: load its module with --plugins MODULE)")
 
     def base_name(self, name: str) -> str:
         """The registered name under `name`: `BASE` for `BASE+MODIFIER`, `name` itself otherwise.

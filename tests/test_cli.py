@@ -47,8 +47,12 @@ def replace_flag(argv: list[str], flag: str, value: str) -> list[str]:
 
 
 BAD_INPUTS = [
-    ("--algorithm", "ERN", "unknown algorithm 'ERN'; valid algorithms: DMG, ERM, Fish"),
-    ("--dataset", "CMNIST", "unknown dataset 'CMNIST'; valid datasets: ColoredMNIST, IRMColoredMNIST, RotatedMNIST"),
+    ("--algorithm", "ERN", "unknown algorithm 'ERN'; did you mean 'ERM'? valid algorithms: DMG, ERM, Fish"),
+    ("--algorithm", "LabelSmoothing", "(one of your own: load its module with --plugins MODULE)"),
+    ("--dataset", "CMNIST", "unknown dataset 'CMNIST'; did you mean 'ColoredMNIST'? valid datasets: ColoredMNIST, "
+                            "IRMColoredMNIST, RotatedMNIST"),
+    ("--test_envs", "-95%", "unknown test environment '-95%' of ColoredMNIST; give an index or a name: "
+                            "0=+90%, 1=+80%, 2=-90%"),
     ("--test_envs", "3", "test environment 3 is out of range for ColoredMNIST, which has 3 environments"),
     ("--hparams", '{"lr": ', "--hparams is not valid JSON"),
     ("--hparams", '{"learning_rate": 0.1}', "unknown hyperparameter(s) learning_rate; valid names:"),

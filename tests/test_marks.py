@@ -96,12 +96,13 @@ def test_error_bar_defined_with_trial_count_in_every_format():
     definition = ERROR_TITLES["domainbed"] + "; n = 2 trials per cell"
     assert definition + "; Avg columns" in to_markdown(tables, collection)
     tex = to_latex(tables, collection)
-    # under each table, inside its float (a table pasted into a paper keeps it)
-    assert tex.count(latex_escape(definition)) == len(tables) == 2
-    assert tex.index(latex_escape(definition)) < tex.index(r"\end{table")
-    assert r"$\pm$ = DomainBed's error bar over the n trials of a cell, std(x / sqrt(n)) with ddof 0" in tex
+    # under each table, inside its float (a table pasted into a paper keeps it), the formulas typeset
+    definition = (r"$\pm$ = DomainBed's error bar over the $n$ trials of a cell, $\mathrm{std}(x/\sqrt{n})$ with ddof 0 "
+                  r"(the sample standard error times $\sqrt{(n-1)/n}$); $n$ = 2 trials per cell")
+    assert tex.count(definition) == len(tables) == 2
+    assert tex.index(definition) < tex.index(r"\end{table")
     csv = pd.read_csv(io.StringIO(to_csv(tables, error="se")))
-    assert set(csv["error_definition"]) == {"sample standard error over the n trials of a cell, std(x) with ddof 1 / sqrt(n)"}
+    assert set(csv["error_definition"]) == {"sample standard error over the n trials of a cell, std(x) / sqrt(n) with ddof 1"}
     assert set(csv["n"][csv["column"] != "Avg"]) == {2}
 
 
@@ -133,3 +134,15 @@ def test_latex_typesets_a_leading_minus_as_a_minus():
     assert latex_escape("-90%") == r"$-$90\%"
     assert latex_escape("Avg (+90%, -90%)") == r"Avg (+90\%, $-$90\%)"
     assert latex_escape("+90%") == r"+90\%" and latex_escape("ERM-2") == "ERM-2" and latex_escape("1e-4") == "1e-4"
+
+
+@pytest.mark.skipif(__import__("shutil").which("pdflatex") is None, reason="pdflatex not installed")
+def test_marked_tables_and_notes_compile(tmp_path):
+    import subprocess
+
+    collection = marked_collection()
+    (tmp_path / "t.tex").write_text(to_latex(build_tables(collection, ["training", "oracle"]), collection))
+    done = subprocess.run(["pdflatex", "-interaction=nonstopmode", "-halt-on-error", "t.tex"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout[-2000:]
+    assert "Missing character" not in (tmp_path / "t.log").read_text()

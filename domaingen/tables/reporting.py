@@ -40,7 +40,7 @@ ERRORS = ("domainbed", "se", "std")
 ERROR_TITLES = {
     "domainbed": "± = DomainBed's error bar over the n trials of a cell, std(x / sqrt(n)) with ddof 0 "
                  "(the sample standard error times sqrt((n - 1) / n))",
-    "se": "± = sample standard error over the n trials of a cell, std(x) with ddof 1 / sqrt(n)",
+    "se": "± = sample standard error over the n trials of a cell, std(x) / sqrt(n) with ddof 1",
     "std": "± = sample standard deviation over the n trials of a cell (ddof 1)",
 }
 STEP0, TIED = "†", "‡"
@@ -582,7 +582,15 @@ def latex_table_note(table: Table, error: str = "domainbed") -> str:
     """The note under a LaTeX table: what ± is over how many trials, and its marks' footnotes,
     so that the table keeps them when pasted into a paper."""
     parts = [error_note(error, [table])] + [f"{mark} {text}." for mark, text in table_marks(table)]
-    return "\n".join([r"\par\smallskip{\footnotesize\raggedright", *(latex_escape(p) for p in parts), r"\par}"])
+    text = "\\par\n".join(latex_escape(p) for p in parts)
+    for plain, math_mode in LATEX_FORMULAS.items():
+        text = text.replace(plain, math_mode)
+    return "\n".join([r"\par\smallskip{\footnotesize\raggedright", text, r"\par}"])
+
+
+# the error bars' formulas as LaTeX typesets them, in the note under a table
+LATEX_FORMULAS = {"std(x / sqrt(n))": r"$\mathrm{std}(x/\sqrt{n})$", "std(x) / sqrt(n)": r"$\mathrm{std}(x)/\sqrt{n}$",
+                  "sqrt((n - 1) / n)": r"$\sqrt{(n-1)/n}$", "the n trials": "the $n$ trials", "; n = ": "; $n$ = "}
 
 
 def to_latex(
