@@ -41,13 +41,46 @@ class Sampler:
         return self.description
 
 
+def _check_range(name: str, low: float, high: float) -> None:
+    """Refuse bounds in the wrong order (every sampler) with one line."""
+    if not low <= high:
+        raise HParamError(f"{name}({low:g}, {high:g}): low must not exceed high")
+
+
+def _check_exponents(name: str, low: float, high: float, base: int) -> None:
+    """Refuse bounds that look like values instead of exponents: both in (0, 1), e.g. 1e-4 and 1e-2."""
+    _check_range(name, low, high)
+    if 0 < low < 1 and 0 < high < 1:
+        log = math.log10 if base == 10 else math.log2
+        raise HParamError(
+            f"{name}({low:g}, {high:g}) takes exponents of {base}, not values: {low:g} and {high:g} would draw "
+            f"between {base ** low:.3g} and {base ** high:.3g}; for values between {low:g} and {high:g} write "
+            f"{name}({log(low):.3g}, {log(high):.3g})"
+        )
+
+
 def log_uniform(low: float, high: float) -> Sampler:
-    """10 ** U(low, high)."""
+    """10 ** U(low, high): log-uniform between 10**low and 10**high.
+
+    Args:
+        low, high: exponents of 10, not values: `log_uniform(-4, -2)` draws between 1e-4
+            and 1e-2 (DomainBed's `10**r.uniform(-4, -2)`). Bounds both in (0, 1) look
+            like values and are refused.
+    """
+    _check_exponents("log_uniform", low, high, 10)
     return Sampler(lambda r: float(10 ** r.uniform(low, high)), f"10^U({low:g},{high:g})")
 
 
 def log_uniform_or_zero(low: float, high: float, p_zero: float) -> Sampler:
-    """0 with probability `p_zero`, else 10 ** U(low, high): a log-uniform range that includes 0."""
+    """0 with probability `p_zero`, else 10 ** U(low, high): a log-uniform range that includes 0.
+
+    Args:
+        low, high: exponents of 10, as for `log_uniform` (`-5, 0`: between 1e-5 and 1).
+        p_zero: the probability of drawing exactly 0, in [0, 1].
+    """
+    _check_exponents("log_uniform_or_zero", low, high, 10)
+    if not 0 <= p_zero <= 1:
+        raise HParamError(f"log_uniform_or_zero: p_zero is a probability in [0, 1], got {p_zero:g}")
 
     def draw(r: np.random.Generator) -> float:
         zero, exponent = r.uniform(), r.uniform(low, high)  # both always drawn: p_zero moves no other value
@@ -57,23 +90,44 @@ def log_uniform_or_zero(low: float, high: float, p_zero: float) -> Sampler:
 
 
 def int_log_uniform(low: float, high: float) -> Sampler:
-    """int(10 ** U(low, high))."""
+    """int(10 ** U(low, high)): an integer, log-uniform (DomainBed's penalty anneal iterations).
+
+    Args:
+        low, high: exponents of 10: `int_log_uniform(0, 4)` draws integers from 1 to 9999.
+    """
+    _check_exponents("int_log_uniform", low, high, 10)
     return Sampler(lambda r: int(10 ** r.uniform(low, high)), f"int(10^U({low:g},{high:g}))")
 
 
 def int_pow2_uniform(low: float, high: float) -> Sampler:
-    """int(2 ** U(low, high)), DomainBed's batch-size distribution."""
+    """int(2 ** U(low, high)), DomainBed's batch-size distribution.
+
+    Args:
+        low, high: exponents of 2: `int_pow2_uniform(3, 9)` draws integers from 8 to 511.
+    """
+    _check_exponents("int_pow2_uniform", low, high, 2)
     return Sampler(lambda r: int(2 ** r.uniform(low, high)), f"int(2^U({low:g},{high:g}))")
 
 
 def uniform(low: float, high: float) -> Sampler:
-    """U(low, high)."""
+    """U(low, high): uniform between two values.
+
+    Args:
+        low, high: the values themselves (`uniform(0.0, 0.2)` draws between 0 and 0.2).
+    """
+    _check_range("uniform", low, high)
     return Sampler(lambda r: float(r.uniform(low, high)), f"U({low:g},{high:g})")
 
 
 def choice(options: Sequence[Any]) -> Sampler:
-    """One of `options`, uniformly."""
+    """One of `options`, uniformly.
+
+    Args:
+        options: the values to choose from (a non-empty sequence), e.g. `choice([0.0, 0.1, 0.5])`.
+    """
     opts = list(options)
+    if not opts:
+        raise HParamError("choice([]): give at least one option")
     return Sampler(lambda r: opts[int(r.integers(len(opts)))], "choice{" + ",".join(map(str, opts)) + "}")
 
 

@@ -6,6 +6,7 @@ one is a new module and nothing else: there is no central if/elif chain.
 
 from __future__ import annotations
 
+import difflib
 from typing import Callable, Generic, Iterator, TypeVar
 
 from domaingen.errors import DomaingenError
@@ -75,37 +76,73 @@ class Registry(Generic[T]):
         self._modifiers[suffix] = compose
 
     def get(self, name: str) -> T:
-        """Return the class registered as `name` (or composed as `BASE+MODIFIER`).
+        """Return the class registered as `name` (or composed as `BASE+MODIFIER`, modifiers
+        chaining: `ERM+ModReg+SWAD` is SWAD applied to `ERM+ModReg`), in any case.
 
-        An unknown name raises a message listing the valid names.
+        An unknown name raises a message with the closest name, the valid names and
+        how to load one's own (--plugins).
         """
         if name in self._entries:
             return self._entries[name]
         if name in self._composed:
             return self._composed[name]
-        base, plus, suffix = name.rpartition("+")
-        if plus and suffix in self._modifiers and base and base != name and self._known(base):
-            # modifiers chain: `ERM+ModReg+SWAD` is SWAD applied to `ERM+ModReg`
+        name = self.canonical(name)
+        if name in self._entries:
+            return self._entries[name]
+        if name not in self._composed:
+            base, _, suffix = name.rpartition("+")
             self._composed[name] = self._modifiers[suffix](self.get(base))
-            return self._composed[name]
+        return self._composed[name]
+
+    def _spelled(self, name: str, table: dict[str, object]) -> str | None:
+        """`name` as `table` spells it: itself, or its only case-insensitive match."""
+        if name in table:
+            return name
+        matches = [key for key in table if key.casefold() == name.casefold()]
+        return matches[0] if len(matches) == 1 else None
+
+    def _canonical_or_none(self, name: str) -> str | None:
+        entry = self._spelled(name, self._entries)
+        if entry is not None:
+            return entry
+        base, plus, suffix = name.rpartition("+")
+        if not plus or not base:
+            return None
+        base_name, suffix_name = self._canonical_or_none(base), self._spelled(suffix, self._modifiers)
+        if base_name is None or suffix_name is None:
+            return None
+        return f"{base_name}+{suffix_name}"
+
+    def canonical(self, name: str, where: str = "") -> str:
+        """The registered spelling of `name` ("erm+modreg" -> "ERM+ModReg"); an unknown name raises
+        UnknownNameError with the closest valid name, the valid names and a word on --plugins
+        (`where`, e.g. " in 'algorithms'", follows the name in that message)."""
+        if not isinstance(name, str):
+            raise UnknownNameError(f"{self.kind} names are text, got {name!r}")
+        spelled = self._canonical_or_none(name)
+        if spelled is None:
+            raise UnknownNameError(self._unknown(name, where))
+        return spelled
+
+    def _unknown(self, name: str, where: str = "") -> str:
+        folded = {key.casefold(): key for key in [*self._entries, *self.composed_names()]}
+        close = difflib.get_close_matches(name.casefold(), list(folded), n=1, cutoff=0.6)
+        hint = f"did you mean '{folded[close[0]]}'? " if close else ""
         valid = ", ".join(self.names())
         if self._modifiers:
             valid += "; and X+" + ", X+".join(self._modifiers) + " for any of them"
-        raise UnknownNameError(f"unknown {self.kind} '{name}'; valid {self.kind}s: {valid}")
+        return (f"unknown {self.kind} '{name}'{where}; {hint}valid {self.kind}s: {valid} "
+                f"(one of your own: load its module with --plugins MODULE)")
 
     def base_name(self, name: str) -> str:
-        """The registered name under `name`: `BASE` for `BASE+MODIFIER`, `name` itself otherwise.
-
-        An unknown name raises the same message as `get`.
+        """The registered name under `name`: `BASE` for `BASE+MODIFIER` (and for chains), `name`
+        itself otherwise. An unknown name raises the same message as `get`.
         """
         self.get(name)
+        name = self.canonical(name)
         while name not in self._entries:
             name = name.rpartition("+")[0]
         return name
-
-    def _known(self, name: str) -> bool:
-        base, plus, suffix = name.rpartition("+")
-        return name in self._entries or bool(plus and suffix in self._modifiers and self._known(base))
 
     def names(self) -> list[str]:
         """Registered names, in registration order."""

@@ -47,8 +47,12 @@ def replace_flag(argv: list[str], flag: str, value: str) -> list[str]:
 
 
 BAD_INPUTS = [
-    ("--algorithm", "ERN", "unknown algorithm 'ERN'; valid algorithms: "),
-    ("--dataset", "CMNIST", "unknown dataset 'CMNIST'; valid datasets: ColoredMNIST, IRMColoredMNIST, RotatedMNIST"),
+    ("--algorithm", "ERN", "unknown algorithm 'ERN'; did you mean 'ERM'? valid algorithms: "),
+    ("--algorithm", "LabelSmoothing", "(one of your own: load its module with --plugins MODULE)"),
+    ("--dataset", "CMNIST", "unknown dataset 'CMNIST'; did you mean 'ColoredMNIST'? valid datasets: ColoredMNIST, "
+                            "IRMColoredMNIST, RotatedMNIST"),
+    ("--test_envs", "-95%", "unknown test environment '-95%' of ColoredMNIST; give an index or a name: "
+                            "0=+90%, 1=+80%, 2=-90%"),
     ("--test_envs", "3", "test environment 3 is out of range for ColoredMNIST, which has 3 environments"),
     ("--hparams", '{"lr": ', "--hparams is not valid JSON"),
     ("--hparams", '{"learning_rate": 0.1}', "unknown hyperparameter(s) learning_rate; valid names:"),
@@ -146,3 +150,16 @@ def test_a_user_algorithm_is_one_registered_class(tmp_path, capsys):
         assert record["hparams"]["smoothing"] == 0.1
     finally:
         ALGORITHMS.unregister("InlineSmoothing")
+
+
+@pytest.mark.parametrize("where, message", [
+    ("file", "output_dir {} exists and is not a directory; choose another --output_dir"),
+    ("file/run", "output_dir {} lies under a file, not a directory; choose another --output_dir"),
+])
+def test_output_dir_that_is_a_file_gives_one_line(tmp_path, capsys, where, message):
+    (tmp_path / "file").write_text("a file\n")
+    out = tmp_path / where
+    code, _, err = run_cli(capsys, *train_args(out))
+    assert code == 2
+    assert err.strip() == "domaingen: error: " + message.format(out)
+    assert (tmp_path / "file").read_text() == "a file\n"

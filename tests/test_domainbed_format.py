@@ -95,7 +95,7 @@ def test_per_trial_selection_on_domainbed_runs_equals_the_hand_computation(domai
     assert cell.mean == pytest.approx(.425)
     # DomainBed's error bar: std([.50, .35] / sqrt(2)), ddof 0 = (.15 / 2) / sqrt(2)
     assert cell.domainbed_se == pytest.approx(.075 / math.sqrt(2))
-    assert cell.text() == "42.5 ± 5.3"
+    assert cell.text() == "42.5 ± 5.3 †" and cell.marks == "†"  # trial 1 selected step 0
     pooled, _ = _env0_cell(domainbed_dir, "pooled")
     assert pooled.values == pytest.approx(POOLED_TESTS) and pooled.mean != pytest.approx(cell.mean)
 

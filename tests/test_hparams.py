@@ -9,15 +9,19 @@ from domaingen.hparams import (
     HParamError,
     apply_overrides,
     by_dataset,
+    choice,
     draw_hparams,
+    int_log_uniform,
     int_pow2_uniform,
     log_uniform,
+    log_uniform_or_zero,
     parse_overrides,
     resolve_space,
     run_space,
     seed_hash,
     uniform,
 )
+from domaingen.errors import DomaingenError
 from domaingen.run.training import TrainConfig, resolve
 
 
@@ -239,3 +243,58 @@ def test_a_method_undefined_for_one_logit_is_refused():
     with pytest.raises(DomaingenError, match=r"^MultiClassOnly is undefined for a one-logit classifier: it mixes"):
         MultiClassOnly.check_problem(2, {"single_logit": True})
     MultiClassOnly.check_problem(2, {"single_logit": False})
+
+
+# ---- samplers: arguments a plugin author might misread ---------------------------------------------
+
+
+@pytest.mark.parametrize("make, message", [
+    (lambda: log_uniform(1e-4, 1e-2), "log_uniform(0.0001, 0.01) takes exponents of 10, not values: 0.0001 and 0.01 "
+                                      "would draw between 1 and 1.02; for values between 0.0001 and 0.01 write "
+                                      "log_uniform(-4, -2)"),
+    (lambda: log_uniform_or_zero(0.001, 0.5, 0.2), "log_uniform_or_zero(0.001, 0.5) takes exponents of 10"),
+    (lambda: int_log_uniform(0.1, 0.9), "int_log_uniform(0.1, 0.9) takes exponents of 10"),
+    (lambda: int_pow2_uniform(0.25, 0.5), "int_pow2_uniform(0.25, 0.5) takes exponents of 2, not values: 0.25 and "
+                                          "0.5 would draw between 1.19 and 1.41; for values between 0.25 and 0.5 "
+                                          "write int_pow2_uniform(-2, -1)"),
+    (lambda: uniform(0.2, 0.1), "uniform(0.2, 0.1): low must not exceed high"),
+    (lambda: log_uniform(-2, -4), "log_uniform(-2, -4): low must not exceed high"),
+    (lambda: log_uniform_or_zero(-5, 0, 1.5), "log_uniform_or_zero: p_zero is a probability in [0, 1], got 1.5"),
+    (lambda: choice([]), "choice([]): give at least one option"),
+])
+def test_misread_sampler_arguments_are_refused_in_one_line(make, message):
+    with pytest.raises(DomaingenError) as info:
+        make()
+    assert str(info.value).startswith(message) and "\n" not in str(info.value)
+
+
+def test_exponent_samplers_draw_between_the_powers():
+    rng = np.random.default_rng(0)
+    draws = [log_uniform(-4, -2)(rng) for _ in range(200)]
+    assert 1e-4 <= min(draws) and max(draws) <= 1e-2
+    assert all(8 <= int_pow2_uniform(3, 9)(rng) < 512 for _ in range(200))
+    assert str(log_uniform(0.5, 2)) == "10^U(0.5,2)"  # one bound outside (0, 1): exponents, accepted
+
+
+def test_every_sampler_documents_its_arguments():
+    for sampler in (log_uniform, log_uniform_or_zero, int_log_uniform, int_pow2_uniform, uniform, choice):
+        assert "Args:" in sampler.__doc__, sampler.__name__
+
+
+def test_a_plugin_with_value_bounds_stops_with_one_line(tmp_path, capsys):
+    from domaingen.cli.main import main
+
+    plugin = tmp_path / "bad_bounds.py"
+    plugin.write_text(
+        "from domaingen.algorithms.base import ALGORITHMS, FeaturizerClassifier\n"
+        "from domaingen.hparams import HParam, log_uniform\n"
+        "@ALGORITHMS.register('BadBounds')\n"
+        "class BadBounds(FeaturizerClassifier):\n"
+        "    HPARAMS = {'scale': HParam(1e-3, log_uniform(1e-4, 1e-2))}\n")
+    try:
+        code = main(["--plugins", str(plugin), "list"])
+    finally:
+        ALGORITHMS.unregister("BadBounds")
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1
+    assert "takes exponents of 10, not values" in err and "write log_uniform(-4, -2)" in err

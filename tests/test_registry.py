@@ -39,3 +39,25 @@ def test_same_name_twice_is_refused():
 def test_builtin_tables():
     assert {"ERM", "IRM", "VREx", "Fish", "SANDMask"} <= set(ALGORITHMS.names())
     assert {"ColoredMNIST", "RotatedMNIST"} <= set(DATASETS.names())
+
+
+def test_names_in_any_case_are_the_registered_spelling():
+    assert ALGORITHMS.canonical("erm") == "ERM" and ALGORITHMS.canonical("irm+MODREG") == "IRM+ModReg"
+    assert DATASETS.canonical("coloredmnist") == "ColoredMNIST" and DATASETS.get("pacs") is DATASETS.get("PACS")
+    table: Registry[type] = Registry("widget")
+    table.register("Ab")(type("Ab", (), {}))
+    table.register("AB")(type("AB", (), {}))
+    with pytest.raises(UnknownNameError):  # two names differ only in case: "ab" is neither
+        table.canonical("ab")
+
+
+def test_unknown_name_suggests_the_closest_and_plugins():
+    with pytest.raises(UnknownNameError) as info:
+        DATASETS.get("CMNIST")
+    assert str(info.value).startswith("unknown dataset 'CMNIST'; did you mean 'ColoredMNIST'? valid datasets: "
+                                      "ColoredMNIST, IRMColoredMNIST, RotatedMNIST, PACS")
+    with pytest.raises(UnknownNameError) as info:
+        ALGORITHMS.get("LabelSmoothing")  # nothing close: no guess, but how to bring one's own
+    assert str(info.value) == ("unknown algorithm 'LabelSmoothing'; valid algorithms: "
+                               f"{', '.join(ALGORITHMS.names())}; and X+EMA, X+SWAD, X+ModReg for any of them "
+                               "(one of your own: load its module with --plugins MODULE)")

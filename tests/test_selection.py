@@ -170,7 +170,10 @@ def test_table_cells_average_column_and_averages_table():
         rows.append(rec("A", [0], 0, trial, 0, [a0, .9], [.5, .7]))
         rows.append(rec("A", [1], 0, trial, 0, [.9, a1], [.3, .5]))
     rows.append(rec("A", [0], 0, 2, 0, [.3, .9], [.5, .7]))  # a third trial with test env 0 only
+    rows += [{**row, "dataset": "Zoo"} for row in rows]  # a second dataset: an averages table has two columns
     tables = build_tables(Collection(frame(rows)), ["training"])
+    assert [t.key for t in tables] == ["Toy/training/test", "Zoo/training/test", "all/training/averages",
+                                       "Toy/training/indomain", "Zoo/training/indomain"]
     test_table = tables[0]
     assert test_table.columns == ["env0", "env1", "Avg"]
     cells = test_table.rows["A"]
@@ -179,7 +182,7 @@ def test_table_cells_average_column_and_averages_table():
     # Avg: the mean of the column means, no error bar (DomainBed's Avg column)
     assert not cells[2].error_bar and cells[2].text() == f"{100 * (env0_mean + .3) / 2:.1f}"
     # averages over datasets: per trial, the mean over the environments that trial has (DomainBed's)
-    averages = tables[1].rows["A"][0]
+    averages = tables[2].rows["A"][0]
     per_trial = [(.6 + .2) / 2, (.8 + .4) / 2, .3]
     assert averages.values == pytest.approx(per_trial)
     assert averages.domainbed_se == pytest.approx(float(np.std(np.array(per_trial) / math.sqrt(3))))
@@ -187,7 +190,7 @@ def test_table_cells_average_column_and_averages_table():
     csv = pd.read_csv(__import__("io").StringIO(to_csv(tables)))
     avg = csv[(csv["table"] == "test") & (csv["column"] == "Avg") & (csv["dataset"] == "Toy")]
     assert avg["mean"].iloc[0] == pytest.approx((env0_mean + .3) / 2) and pd.isna(avg["error"].iloc[0])
-    indomain = tables[2].rows["A"]
+    indomain = tables[3].rows["A"]
     assert [c.mean for c in indomain[:2]] == pytest.approx([.7, .3])  # the other env's out split
 
 

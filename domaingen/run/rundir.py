@@ -116,10 +116,17 @@ class RunDirectory:
         return NOT_LAUNCHED
 
     def read_args(self) -> dict[str, Any] | None:
+        """The stored arguments, or None when the directory holds no run yet."""
+        if self.path.exists() and not self.path.is_dir():
+            raise RunDirectoryError(f"output_dir {self.path} exists and is not a directory; choose another --output_dir")
         try:
             return json.loads(self.file(ARGS).read_text())
         except FileNotFoundError:
             return None
+        except NotADirectoryError:  # a parent of the directory is a file
+            raise RunDirectoryError(
+                f"output_dir {self.path} lies under a file, not a directory; choose another --output_dir"
+            ) from None
         except json.JSONDecodeError:
             raise RunDirectoryError(f"{self.file(ARGS)} is not valid JSON; move the directory away or delete it") from None
 
@@ -127,8 +134,6 @@ class RunDirectory:
         """Refuse a directory that holds a run with different arguments (never overwrite)."""
         stored = self.read_args()
         if stored is None:
-            if self.path.exists() and not self.path.is_dir():
-                raise RunDirectoryError(f"output_dir {self.path} exists and is not a directory")
             return
         wanted = json.loads(to_json(dict(identity)))
         differing = [k for k in keys if stored.get(k) != wanted.get(k)]

@@ -83,7 +83,7 @@ class TrainConfig:
     dataset: str
     algorithm: str
     output_dir: str
-    test_envs: Sequence[int] = (0,)
+    test_envs: Sequence[int | str] = (0,)  # indices or names (resolved by the dataset)
     data_dir: str | None = None
     hparams: Mapping[str, Any] | str | None = None
     hparams_seed: int = 0
@@ -124,15 +124,21 @@ def run_seed(dataset: str, algorithm: str, test_envs: Sequence[int], hparams_see
     return seed_hash(dataset, ALGORITHMS.base_name(algorithm), list(test_envs), hparams_seed, trial_seed)
 
 
+def canonical_names(config: TrainConfig) -> TrainConfig:
+    """`config` with its dataset and algorithm spelled as registered ("coloredmnist" -> "ColoredMNIST")."""
+    return dataclasses.replace(config, dataset=DATASETS.canonical(config.dataset),
+                               algorithm=ALGORITHMS.canonical(config.algorithm))
+
+
 def resolve(config: TrainConfig) -> ResolvedRun:
     """Validate names, environments and hyperparameters, and fill in defaults.
 
     Raises DomaingenError with a message that says how to fix the input.
     """
+    config = canonical_names(config)
     dataset_cls = DATASETS.get(config.dataset)
     algorithm_cls = ALGORITHMS.get(config.algorithm)
-    test_envs = sorted(int(e) for e in config.test_envs)
-    dataset_cls.check_test_envs(test_envs)
+    test_envs = dataset_cls.resolve_test_envs(config.test_envs)
     check_eval_splits(config.eval_splits, config.train_in_every)
     if config.precision not in REQUESTED_PRECISIONS:
         raise DomaingenError(
@@ -233,6 +239,7 @@ def train(config: TrainConfig, dataset_cache: DatasetCache | None = None) -> Run
     cannot be loaded raises PluginError before anything is written.
     """
     load_plugins(config.plugins)
+    config = canonical_names(config)
     run = resolve(config)
     rundir = RunDirectory(config.output_dir)
     _keep_eval_splits(run, config, rundir.read_args())

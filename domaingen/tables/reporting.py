@@ -8,6 +8,15 @@ means, without an error bar (as DomainBed prints it). A missing cell says what i
 missing. Every caption names the data source of the runs; a table has a column
 per test environment the sweep held out, and published numbers (collect
 --reference) come as extra rows labelled with their source.
+
+Every format states once what ± is and over how many trials (`error_note`): the
+Markdown footer, a note under each LaTeX table (a table pasted into a paper keeps
+it), the CSV's `error_definition` column and the HTML report. A cell some trial of
+which selected the step-0 checkpoint (after one update) carries a dagger, one some trial of which had
+every candidate validate the same a double dagger (selection.select's `step` and
+`tied`), with a footnote under its table (`MARKS`) and the count in the CSV's
+`step0_trials` and `tied_trials`: DomainBed's rule chose that checkpoint, so the
+cell is DomainBed's, but it measures no learned choice.
 """
 
 from __future__ import annotations
@@ -29,10 +38,20 @@ from domaingen.tables.wilds_selection import WILDS_PREFIX, wilds_metric_columns,
 
 ERRORS = ("domainbed", "se", "std")
 ERROR_TITLES = {
-    "domainbed": "± = DomainBed's standard error over trials, std(x / sqrt(n)) with ddof 0",
-    "se": "± = standard error over trials, sample std (ddof 1) / sqrt(n)",
-    "std": "± = sample standard deviation over trials (ddof 1)",
+    "domainbed": "± = DomainBed's error bar over the n trials of a cell, std(x / sqrt(n)) with ddof 0 "
+                 "(the sample standard error times sqrt((n - 1) / n))",
+    "se": "± = sample standard error over the n trials of a cell, std(x) / sqrt(n) with ddof 1",
+    "std": "± = sample standard deviation over the n trials of a cell (ddof 1)",
 }
+STEP0, TIED = "†", "‡"
+MARKS = {
+    STEP0: "in at least one trial selection chose step 0, the checkpoint after the first update (DomainBed "
+           "records it after one step): a network hardly trained, nearly the same for every algorithm with the same "
+           "draw and trial. DomainBed's rule chooses it too; the CSV's steps column gives each trial's step",
+    TIED: "in at least one trial every candidate checkpoint had the same validation accuracy: nothing was "
+          "compared, DomainBed's tie-break chose (earliest step, then the largest hparams_seed)",
+}
+LATEX_MARKS = {STEP0: r"$^\dagger$", TIED: r"$^\ddagger$"}
 
 
 @dataclass
@@ -52,6 +71,11 @@ class Cell:
     missing_runs: int = 0
     note: str = ""
     percent: bool = True  # accuracies print as percentages (x100, one decimal); other quantities as they are
+    marks: str = ""  # STEP0 and/or TIED (MARKS): how selection chose in some trial
+
+    def mark_counts(self) -> tuple[int, int]:
+        """(trials whose selected checkpoint is step 0, trials whose candidates all tied)."""
+        return (sum(t.get("step") == 0 for t in self.trace), sum(bool(t.get("tied")) for t in self.trace))
 
     def number_texts(self, error: str = "domainbed") -> tuple[str, str]:
         """The mean and the ± as printed ("" for no ±): x100 with one decimal, or 3 significant digits."""
@@ -103,7 +127,8 @@ class Cell:
             return f"missing: {self.missing}" if self.missing else "missing"
         mean, spread = self.number_texts(error)
         body = mean + (f" ± {spread}" if spread else "")
-        return body + (f" (n={self.n})" if show_n and self.error_bar else "")
+        body += f" (n={self.n})" if show_n and self.error_bar else ""
+        return body + (f" {self.marks}" if self.marks else "")
 
 
 @dataclass
@@ -214,19 +239,27 @@ def _average_cell(cells: Sequence[Cell]) -> Cell:
 
 
 def _trace(chosen: pd.DataFrame) -> list[dict]:
+    tied = chosen["tied"] if "tied" in chosen else pd.Series(False, index=chosen.index)
     return [
-        {"trial_seed": int(r.trial_seed), "hparams_seed": int(r.hparams_seed), "step": int(r.step), "run": str(r.run)}
-        for r in chosen.itertuples()
+        {"trial_seed": int(r.trial_seed), "hparams_seed": int(r.hparams_seed), "step": int(r.step), "run": str(r.run),
+         "tied": bool(t is True or t == 1)}
+        for r, t in zip(chosen.itertuples(), tied)
     ]
+
+
+def selection_marks(trace: Sequence[dict]) -> str:
+    """STEP0 when some trial selected step 0, TIED when some trial's candidates all tied (MARKS)."""
+    return (STEP0 if any(t.get("step") == 0 for t in trace) else "") + (TIED if any(t.get("tied") for t in trace) else "")
 
 
 def _selected_cells(chosen: pd.DataFrame, missing_runs: int) -> tuple[Cell, Cell]:
     """The test and in-domain cells of one (dataset, algorithm, test env), trials in trial_seed order."""
     ordered = chosen.sort_values("trial_seed", kind="stable")
     trace = _trace(ordered)
+    marks = selection_marks(trace)
     return (
-        Cell(ordered["test_acc"].astype(float).tolist(), trace=trace, missing_runs=missing_runs),
-        Cell(ordered["indomain_acc"].astype(float).tolist(), trace=trace, missing_runs=missing_runs),
+        Cell(ordered["test_acc"].astype(float).tolist(), trace=trace, missing_runs=missing_runs, marks=marks),
+        Cell(ordered["indomain_acc"].astype(float).tolist(), trace=trace, missing_runs=missing_runs, marks=marks),
     )
 
 
@@ -317,20 +350,22 @@ def _per_trial_average(cells: Sequence[Cell]) -> Cell:
     seeds = sorted(by_trial)
     partial = sum(len(by_trial[s]) < len(cells) for s in seeds)
     note = f"{partial} trial(s) averaged over fewer than {len(cells)} environments" if partial else ""
-    return Cell([float(np.mean(by_trial[s])) for s in seeds], trace=[{"trial_seed": s} for s in seeds], note=note)
+    marks = "".join(m for m in MARKS if any(m in c.marks for c in cells))  # it rests on those cells' selections
+    return Cell([float(np.mean(by_trial[s])) for s in seeds], trace=[{"trial_seed": s} for s in seeds], note=note,
+                marks=marks)
 
 
 def averages_table(test_tables: Sequence[Table], method: str) -> Table | None:
     """Rows: algorithms; columns: each dataset's per-trial average (DomainBed's), then their mean.
 
     Only datasets whose table has an Avg column take part (a column header names the
-    environments a subset Avg covers); None when no dataset has one. A dataset's cell
+    environments a subset Avg covers); None when fewer than two datasets have one. A dataset's cell
     averages, per trial, that trial's selected test accuracies over the table's
     environment columns, then gives mean ± error over trials; the last column is the
     mean of the dataset cells, without an error bar.
     """
     with_avg = [t for t in test_tables if t.columns and t.columns[-1].startswith("Avg")]
-    if not with_avg:
+    if len(with_avg) < 2:  # one dataset: the table would repeat that dataset's Avg column
         return None
     datasets = [t.key.split("/")[0] for t in with_avg]
     columns = [d if t.columns[-1] == "Avg" else f"{d} {t.columns[-1]}" for d, t in zip(datasets, with_avg)]
@@ -420,14 +455,34 @@ def to_markdown(tables: Sequence[Table], collection: Collection, show_n: bool = 
         body += [[f"{alg} ({source})"] + [c.text() for c in cells] for (alg, source), cells in table.references.items()]
         out.write(tabulate(body, headers=["Algorithm"] + table.columns, tablefmt="github", disable_numparse=True))
         out.write("\n\n")
-    out.write(error_note(error) + "\n")
+        out.write("".join(f"{mark} {text}.\n" for mark, text in table_marks(table)))
+        out.write("\n" if table_marks(table) else "")
+    out.write(error_note(error, tables) + "\n")
     out.write(_footer(collection))
     return out.getvalue()
 
 
-def error_note(error: str) -> str:
-    """One line saying what a cell's ± is and what Avg columns are."""
-    return f"{ERROR_TITLES[error]}; Avg columns: the mean of the column means, without ±."
+def table_marks(table: Table) -> list[tuple[str, str]]:
+    """(mark, footnote) for each of MARKS that some cell of `table` carries, in MARKS' order."""
+    used = "".join(c.marks for cells in table.rows.values() for c in cells)
+    return [(mark, text) for mark, text in MARKS.items() if mark in used]
+
+
+def trial_counts(tables: Sequence[Table]) -> str:
+    """How many trials the cells with an error bar have: "n = 3 trials per cell", or a range."""
+    counts = sorted({c.n for t in tables for cells in t.rows.values() for c in cells if c.values and c.error_bar})
+    if not counts:
+        return "no cell has a trial"
+    if len(counts) == 1:
+        n = counts[0]
+        return f"n = {n} trial{'' if n == 1 else 's'} per cell" + (" (no ±)" if n == 1 else "")
+    return f"n = {counts[0]} to {counts[-1]} trials per cell (--show_trials prints each cell's n)"
+
+
+def error_note(error: str, tables: Sequence[Table] = (), averages: bool = True) -> str:
+    """One line saying what a cell's ± is, over how many trials, and (`averages`) what Avg columns are."""
+    trials = f"; {trial_counts(tables)}" if tables else ""
+    return ERROR_TITLES[error] + trials + ("; Avg columns: the mean of the column means, without ±." if averages else "")
 
 
 def done_runs(count: int) -> str:
@@ -447,11 +502,19 @@ def _footer(collection: Collection) -> str:
 
 LATEX_ESCAPES = {"\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#", "_": r"\_",
                  "{": r"\{", "}": r"\}", "~": r"\textasciitilde{}", "^": r"\textasciicircum{}",
-                 "\u2212": r"$-$"}  # the minus of collect --paired's row labels; pdflatex has no glyph for it
+                 "\u2212": r"$-$",  # the minus of collect --paired's row labels; pdflatex has no glyph for it
+                 "±": r"$\pm$", **LATEX_MARKS}
+
+
+def _is_minus(text: str, i: int) -> bool:
+    """A hyphen that is a minus sign: before a digit, not inside a word or a number ("-90%", not "ERM-2")."""
+    return (text[i] == "-" and i + 1 < len(text) and text[i + 1].isdigit()
+            and (i == 0 or not (text[i - 1].isalnum() or text[i - 1] in "._")))
 
 
 def latex_escape(text: str) -> str:
-    return "".join(LATEX_ESCAPES.get(ch, ch) for ch in text)
+    """`text` for LaTeX's text mode: special characters escaped, a leading minus as $-$."""
+    return "".join("$-$" if _is_minus(text, i) else LATEX_ESCAPES.get(ch, ch) for i, ch in enumerate(text))
 
 
 def _latex_cell(cell: Cell, show_n: bool, error: str = "domainbed") -> str:
@@ -459,7 +522,8 @@ def _latex_cell(cell: Cell, show_n: bool, error: str = "domainbed") -> str:
         return r"\textit{" + latex_escape(cell.text()) + "}"
     mean, spread = cell.number_texts(error)
     text = mean + (rf" $\pm$ {spread}" if spread else "")
-    return text + (f" ({cell.n})" if show_n and cell.error_bar else "")
+    text += f" ({cell.n})" if show_n and cell.error_bar else ""
+    return text + "".join(LATEX_MARKS[m] for m in cell.marks)
 
 
 LATEX_PACKAGES = ("booktabs", "graphicx")
@@ -474,7 +538,9 @@ def _latex_reference_cell(cell: ReferenceCell) -> str:
 
 def _visible_length(latex: str) -> int:
     """Characters a LaTeX cell prints (commands and braces dropped; a plus-minus sign is one)."""
-    text = latex.replace(r"$\pm$", "±").replace(r"\textit{", "")
+    text = latex.replace(r"$\pm$", "±").replace(r"\textit{", "").replace("$-$", "-")
+    for mark in LATEX_MARKS.values():
+        text = text.replace(mark, "+")
     for escaped in ("%", "&", "_", "#", "$"):
         text = text.replace("\\" + escaped, escaped)
     return len(text.replace("{", "").replace("}", ""))
@@ -513,8 +579,23 @@ def latex_table(table: Table, show_n: bool = False, error: str = "domainbed", pl
     if published:
         lines.append(r"\midrule")
         lines += [" & ".join(row) + r" \\" for row in published]
-    lines += [r"\bottomrule", r"\end{tabular}}", rf"\end{{{float_env}}}", ""]
+    lines += [r"\bottomrule", r"\end{tabular}}", latex_table_note(table, error), rf"\end{{{float_env}}}", ""]
     return "\n".join(lines)
+
+
+def latex_table_note(table: Table, error: str = "domainbed") -> str:
+    """The note under a LaTeX table: what ± is over how many trials, and its marks' footnotes,
+    so that the table keeps them when pasted into a paper."""
+    parts = [error_note(error, [table])] + [f"{mark} {text}." for mark, text in table_marks(table)]
+    text = "\\par\n".join(latex_escape(p) for p in parts)
+    for plain, math_mode in LATEX_FORMULAS.items():
+        text = text.replace(plain, math_mode)
+    return "\n".join([r"\par\smallskip{\footnotesize\raggedright", text, r"\par}"])
+
+
+# the error bars' formulas as LaTeX typesets them, in the note under a table
+LATEX_FORMULAS = {"std(x / sqrt(n))": r"$\mathrm{std}(x/\sqrt{n})$", "std(x) / sqrt(n)": r"$\mathrm{std}(x)/\sqrt{n}$",
+                  "sqrt((n - 1) / n)": r"$\sqrt{(n-1)/n}$", "the n trials": "the $n$ trials", "; n = ": "; $n$ = "}
 
 
 def to_latex(
@@ -544,6 +625,17 @@ def _joined(cell: Cell, key: str) -> str:
     return ";".join(str(t[key]) for t in cell.trace if key in t)
 
 
+def _csv_note(cell: Cell) -> str:
+    """A filled cell's note, and in words what its marks say."""
+    step0, tied = cell.mark_counts()
+    parts = [cell.note] if cell.note else []
+    parts += [f"step 0 selected in {step0} of {cell.n} trials"] if step0 else []
+    parts += [f"every candidate tied in {tied} of {cell.n} trials"] if tied else []
+    if cell.marks and not (step0 or tied):
+        parts.append(f"averages cells marked {cell.marks}")
+    return "; ".join(parts)
+
+
 def to_csv(tables: Sequence[Table], error: str = "domainbed") -> str:
     """Long format: one line per cell, traceable to the runs behind it.
 
@@ -553,7 +645,10 @@ def to_csv(tables: Sequence[Table], error: str = "domainbed") -> str:
     `note` (why a cell is empty, or what an average covers), per trial, `;`-joined
     in trial order: `trial_seeds`, `hparams_seeds`, `steps`, `runs` (the selected
     run directories) and `values` (each trial's number, unrounded), and `data_source`,
-    the runs' data source. Rows of published
+    the runs' data source; `marks` (MARKS' symbols, as the other formats print them),
+    `step0_trials` and `tied_trials` (trials that selected step 0, trials whose
+    candidates all tied; the `note` says it in words) and `error_definition` (what
+    `error` is, the same words as the other formats). Rows of published
     numbers (collect --reference) name their `source`, with the ± they print in
     `published_error` (ours leave both empty).
     """
@@ -575,7 +670,11 @@ def to_csv(tables: Sequence[Table], error: str = "domainbed") -> str:
                         "std": cell.std if cell.shows_error() else None,
                         "n": cell.n,
                         "missing": cell.missing_runs,
-                        "note": cell.missing if not cell.values else cell.note,
+                        "note": cell.missing if not cell.values else _csv_note(cell),
+                        "marks": cell.marks,
+                        "step0_trials": cell.mark_counts()[0],
+                        "tied_trials": cell.mark_counts()[1],
+                        "error_definition": ERROR_TITLES[error].removeprefix("± = "),
                         "trial_seeds": _joined(cell, "trial_seed"),
                         "hparams_seeds": _joined(cell, "hparams_seed"),
                         "steps": _joined(cell, "step"),

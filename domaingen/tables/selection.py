@@ -23,6 +23,16 @@ smallest hparams_seed (hyperparameters are fixed, not searched).
 Validation accuracies are computed with the same floating-point operations as
 DomainBed's (numpy means over the environments in index order), so exact ties
 between checkpoints are decided as DomainBed decides them.
+
+What the tables mark: `select` says, per trial, whether the selected checkpoint is
+step 0 (recorded after the first update, as DomainBed records it: a network hardly
+trained, nearly the same for every algorithm that shares a draw and a trial) in its
+``step`` column, and
+whether every candidate it chose among (every checkpoint of every draw, two or more)
+had the same validation accuracy in ``tied``: the choice was then DomainBed's
+tie-break, not a comparison. Both are DomainBed's rule applied faithfully; the tables
+mark such cells so that a reader does not take them for a bug. ``last`` selects
+nothing and never reports a tie.
 """
 
 from __future__ import annotations
@@ -37,6 +47,10 @@ from domaingen.errors import DomaingenError
 
 RUN_COLUMNS = ["dataset", "algorithm", "test_env", "hparams_seed", "trial_seed"]
 RESULT_COLUMNS = RUN_COLUMNS + ["step", "val_acc", "test_acc", "indomain_acc", "run", "hparams"]
+# what a method adds to RESULT_COLUMNS per run: how many checkpoints it chose among and their lowest val_acc
+CANDIDATE_COLUMNS = ["candidates", "val_min"]
+METHOD_COLUMNS = RESULT_COLUMNS + CANDIDATE_COLUMNS
+SELECTED_COLUMNS = RESULT_COLUMNS + ["tied"]
 HPARAMS_CHOICES = ("per_trial", "pooled")
 HPARAMS_CHOICE_TITLES = {
     "per_trial": "hparams chosen per trial (DomainBed)",
@@ -78,7 +92,7 @@ def _test_acc(records: pd.DataFrame, split: str, n_envs: int) -> np.ndarray:
 def _per_dataset(records: pd.DataFrame, fn: Callable[[pd.DataFrame, int], pd.DataFrame]) -> pd.DataFrame:
     parts = [fn(sub, n_environments(records, ds)) for ds, sub in records.groupby("dataset", sort=True)]
     parts = [p for p in parts if len(p)]
-    return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=RESULT_COLUMNS)
+    return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=METHOD_COLUMNS)
 
 
 def _with_defaults(frame: pd.DataFrame) -> pd.DataFrame:
@@ -91,9 +105,22 @@ def _with_defaults(frame: pd.DataFrame) -> pd.DataFrame:
 
 
 def _earliest_best(frame: pd.DataFrame, group: list[str]) -> pd.DataFrame:
-    """Per group, the row with the best val_acc; on a tie the earliest step (DomainBed's argmax)."""
+    """Per group, the row with the best val_acc; on a tie the earliest step (DomainBed's argmax).
+
+    Adds CANDIDATE_COLUMNS: the group's number of checkpoints with a validation accuracy
+    and the lowest of them (a group whose lowest equals its best had nothing to choose).
+    """
+    frame = frame.copy()
+    grouped = frame.groupby(group, sort=False)["val_acc"]
+    frame["candidates"] = grouped.transform("count")
+    frame["val_min"] = grouped.transform("min")
     ordered = frame.sort_values(["val_acc", "step"], ascending=[False, True], kind="stable")
     return ordered.drop_duplicates(group, keep="first")
+
+
+def _single_candidates(frame: pd.DataFrame) -> pd.DataFrame:
+    """CANDIDATE_COLUMNS of a method that keeps one checkpoint per run (no early stopping)."""
+    return frame.assign(candidates=frame["val_acc"].notna().astype(int), val_min=frame["val_acc"])
 
 
 def training_domain_validation(records: pd.DataFrame) -> pd.DataFrame:
@@ -106,7 +133,7 @@ def training_domain_validation(records: pd.DataFrame) -> pd.DataFrame:
         sub["val_acc"] = _mean_over_training_envs(sub, "out", n_envs)
         sub["indomain_acc"] = sub["val_acc"]
         sub["test_acc"] = _test_acc(sub, "in", n_envs)
-        return _earliest_best(sub, ["run"])[RESULT_COLUMNS]
+        return _earliest_best(sub, ["run"])[METHOD_COLUMNS]
 
     return _per_dataset(records, one)
 
@@ -126,7 +153,7 @@ def oracle_test_domain_validation(records: pd.DataFrame) -> pd.DataFrame:
         last["val_acc"] = _test_acc(last, "out", n_envs)
         last["test_acc"] = _test_acc(last, "in", n_envs)
         last["indomain_acc"] = _mean_over_training_envs(last, "out", n_envs)
-        return last[RESULT_COLUMNS]
+        return _single_candidates(last)[METHOD_COLUMNS]
 
     return _per_dataset(records, one)
 
@@ -144,7 +171,7 @@ def leave_one_domain_out(records: pd.DataFrame) -> pd.DataFrame:
         singles = _with_defaults(_single_test_env_records(sub))
         pairs = sub[sub["test_envs"].map(len) == 2]
         if singles.empty or pairs.empty:
-            return pd.DataFrame(columns=RESULT_COLUMNS)
+            return pd.DataFrame(columns=METHOD_COLUMNS)
         # one row per (pair run, held-out env t): the other env v's in-accuracy
         halves = []
         pair_in = _acc_matrix(pairs, "in", n_envs)
@@ -171,8 +198,8 @@ def leave_one_domain_out(records: pd.DataFrame) -> pd.DataFrame:
         val = val.astype({"hparams_seed": singles["hparams_seed"].dtype, "trial_seed": singles["trial_seed"].dtype})
         joined = singles.merge(val, on=key + ["test_env"], how="inner")
         if joined.empty:
-            return pd.DataFrame(columns=RESULT_COLUMNS)
-        return _earliest_best(joined, ["algorithm", "hparams_seed", "trial_seed", "test_env"])[RESULT_COLUMNS]
+            return pd.DataFrame(columns=METHOD_COLUMNS)
+        return _earliest_best(joined, ["algorithm", "hparams_seed", "trial_seed", "test_env"])[METHOD_COLUMNS]
 
     return _per_dataset(records, one)
 
@@ -193,7 +220,8 @@ def final_checkpoint(records: pd.DataFrame) -> pd.DataFrame:
         last["val_acc"] = 0.0
         last["test_acc"] = _test_acc(last, "in", n_envs)
         last["indomain_acc"] = _mean_over_training_envs(last, "in", n_envs)
-        return last[RESULT_COLUMNS]
+        # nothing is selected: no candidates to tie
+        return last.assign(candidates=0, val_min=last["val_acc"])[METHOD_COLUMNS]
 
     return _per_dataset(records, one)
 
@@ -235,11 +263,23 @@ def _pooled(per_run: pd.DataFrame) -> pd.DataFrame:
     return per_run.merge(best[cell + ["hparams_seed"]], how="inner")
 
 
+def _ties(per_run: pd.DataFrame) -> pd.DataFrame:
+    """Per (dataset, algorithm, test_env, trial_seed): True when two or more candidates (every
+    checkpoint of every draw) were compared and all had the same validation accuracy."""
+    trial = ["dataset", "algorithm", "test_env", "trial_seed"]
+    grouped = per_run.groupby(trial, as_index=False).agg(
+        candidates=("candidates", "sum"), best=("val_acc", "max"), lowest=("val_min", "min")
+    )
+    grouped["tied"] = (grouped["candidates"] >= 2) & (grouped["lowest"] == grouped["best"])
+    return grouped[trial + ["tied"]]
+
+
 def select(records: pd.DataFrame, method: str, hparams_choice: str = "per_trial") -> pd.DataFrame:
     """The selected checkpoint per (dataset, algorithm, test_env, trial_seed), in that order.
 
-    Columns: RESULT_COLUMNS (val_acc, test_acc, indomain_acc, the run directory's
-    name and the hyperparameters as JSON, besides the keys). `hparams_choice` is
+    Columns: SELECTED_COLUMNS (val_acc, test_acc, indomain_acc, the run directory's
+    name and the hyperparameters as JSON, besides the keys; `tied`: every candidate of
+    that trial validated the same, see the module docstring). `hparams_choice` is
     "per_trial" (DomainBed's rule, the default) or "pooled"; see the module docstring.
     """
     check_hparams_choice(hparams_choice)
@@ -248,11 +288,12 @@ def select(records: pd.DataFrame, method: str, hparams_choice: str = "per_trial"
     # split, e.g. known-domain on the test env under oracle selection) cannot be selected
     per_run = per_run[per_run["val_acc"].notna()]
     if per_run.empty:
-        return per_run
+        return per_run.assign(tied=pd.Series(dtype=bool))[SELECTED_COLUMNS]
     per_run = per_run.astype({"hparams_seed": int, "trial_seed": int, "test_env": int})
     if hparams_choice == "pooled":
         chosen = _pooled(per_run)
     else:
         chosen = _per_trial(per_run, smallest_seed_wins=method == "last")
+    chosen = chosen.merge(_ties(per_run), on=["dataset", "algorithm", "test_env", "trial_seed"], how="left")
     order = ["dataset", "algorithm", "test_env", "trial_seed", "hparams_seed"]
-    return chosen.sort_values(order, kind="stable").reset_index(drop=True)[RESULT_COLUMNS]
+    return chosen.sort_values(order, kind="stable").reset_index(drop=True)[SELECTED_COLUMNS]
