@@ -39,6 +39,14 @@ def _add_train_parser(sub: argparse._SubParsersAction) -> None:
                    help="evaluate through torch.compile (faster; compiles once per run); "
                         "default: $DOMAINGEN_COMPILE_EVAL=1 turns it on")
     _add_eval_flags(p)
+    _add_logger_flag(p)
+
+
+def _add_logger_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--logger", nargs="+", action="extend", default=[], metavar="NAME",
+                   help="also send each checkpoint's losses, accuracies, step time, memory and diagnostics to "
+                        "tensorboard (RUN_DIR/tensorboard) and/or wandb (offline without a network); the extras "
+                        "of the same names install them; never changes a record or fails a run")
 
 
 def _add_eval_flags(p: argparse.ArgumentParser) -> None:
@@ -124,6 +132,7 @@ def _add_sweep_parser(sub: argparse._SubParsersAction) -> None:
             a.add_argument("--slurm_array_parallelism", type=int, default=64, help="max tasks running at once")
             a.add_argument("--slurm_cluster", default=None, help="submitit cluster (slurm, or local for testing)")
             _add_scale_flags(a)
+            _add_logger_flag(a)
         if name == "delete-incomplete":
             a.add_argument("--yes", "-y", action="store_true")
 
@@ -200,8 +209,10 @@ def _add_collect_parser(sub: argparse._SubParsersAction) -> None:
 
 def cmd_train(ns: argparse.Namespace) -> int:
     from domaingen.plugins import load_plugins, recorded_plugins
+    from domaingen.run.loggers import check_loggers
     from domaingen.run.training import TrainConfig, train
 
+    loggers = check_loggers(ns.logger)
     load_plugins(recorded_plugins(ns.output_dir))  # resuming a run: the plugins it was started with
     config = TrainConfig(
         dataset=ns.dataset,
@@ -222,6 +233,7 @@ def cmd_train(ns: argparse.Namespace) -> int:
         eval_splits=ns.eval_splits,
         train_in_every=ns.train_in_every,
         plugins=ns.plugins,
+        loggers=loggers,
     )
     outcome = train(config)
     print(outcome.message)

@@ -154,6 +154,7 @@ def _launch_options(ns) -> LaunchOptions:
         ray_gpus=ns.ray_gpus,
         jobs_per_task=ns.jobs_per_task,
         dataset_cache_mb=ns.dataset_cache_mb,
+        loggers=ns.logger,
     )
 
 
