@@ -73,6 +73,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("list", help="the algorithm and dataset tables")
     _add_sweep_parser(sub)
     _add_collect_parser(sub)
+    _add_export_parser(sub)
     _add_download_parser(sub)
     inspect_cli.add_parsers(sub)
     return parser
@@ -158,9 +159,25 @@ def _add_scale_flags(a: argparse.ArgumentParser) -> None:
                         "recently used evicted first; 0 = off (default: $DOMAINGEN_DATASET_CACHE_MB, else 1024)")
 
 
+def _add_export_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("export", help="a zip of the runs a sweep's tables selected: args, manifests, records, logs, "
+                                      "weights, the tables and how to reload them")
+    p.add_argument("--input_dir", required=True, help="the sweep directory")
+    p.add_argument("--output", required=True, metavar="FILE.zip")
+    p.add_argument("--selection", nargs="+", choices=["training", "loo", "oracle", "last"], default=None,
+                   help="the methods whose selected runs to bundle (default: collect's: training and oracle, "
+                        "then loo when pair runs exist)")
+    p.add_argument("--hparams_choice", default="per_trial", help="as for collect")
+    p.add_argument("--no_weights", action="store_true", help="leave the .pt files out (records only)")
+    p.add_argument("--datasets", nargs="+", metavar="DATASET", help="only these datasets' runs")
+    p.add_argument("--allow_mixed_sources", action="store_true", help="as for collect")
+
+
 def _add_collect_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("collect", help="selection + result tables from finished runs")
-    p.add_argument("--input_dir", required=True)
+    p.add_argument("--input_dir", required=True,
+                   help="a sweep directory, a run directory, or a bundle (domaingen export's FILE.zip or its "
+                        "unpacked folder)")
     p.add_argument("--format", choices=["markdown", "latex", "csv"], default="markdown")
     p.add_argument("--selection", nargs="+", choices=["training", "loo", "oracle", "last"], default=None,
                    help="default: training and oracle, then loo when pair runs exist; "
@@ -202,6 +219,9 @@ def _add_collect_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--datasets", nargs="+", metavar="DATASET",
                    help="tabulate only these datasets' runs (e.g. one part of a sweep whose parts differ "
                         "in their datasets)")
+    p.add_argument("--manifest", action="store_true",
+                   help="instead of tables: each distinct code version, torch version and device of the done runs "
+                        "behind the tables (their manifest.json), with its number of runs")
     p.add_argument("--allow_mixed_sources", action="store_true",
                    help="tabulate runs of one dataset that come from different data sources together "
                         "(default: refuse; the captions then name every source)")
@@ -307,6 +327,11 @@ def cmd_collect(ns: argparse.Namespace) -> int:
     return sweep_cli.collect_command(ns)
 
 
+def cmd_export(ns: argparse.Namespace) -> int:
+    from domaingen.cli import sweep_commands as sweep_cli
+    return sweep_cli.export_command(ns)
+
+
 def cmd_download(ns: argparse.Namespace) -> int:
     from domaingen.datasets import resolve_data_dir
     from domaingen.datasets.download import download
@@ -315,7 +340,8 @@ def cmd_download(ns: argparse.Namespace) -> int:
     return 0
 
 
-COMMANDS = {"train": cmd_train, "list": cmd_list, "sweep": cmd_sweep, "collect": cmd_collect, "download": cmd_download}
+COMMANDS = {"train": cmd_train, "list": cmd_list, "sweep": cmd_sweep, "collect": cmd_collect, "export": cmd_export,
+            "download": cmd_download}
 COMMANDS.update(inspect_cli.COMMANDS)
 
 
