@@ -136,6 +136,11 @@ def _add_sweep_parser(sub: argparse._SubParsersAction) -> None:
             _add_logger_flag(a)
         if name == "delete-incomplete":
             a.add_argument("--yes", "-y", action="store_true")
+        if name == "status":
+            a.add_argument("--watch", action="store_true",
+                           help="one screen refreshed every --interval seconds: job counts, the running jobs' latest "
+                                "step and validation accuracy, and an ETA, until the sweep ends or Ctrl-C")
+            a.add_argument("--interval", type=float, default=5.0, help="--watch: seconds between refreshes")
 
 
 def _add_scale_flags(a: argparse.ArgumentParser) -> None:

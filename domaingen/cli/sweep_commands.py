@@ -78,7 +78,7 @@ def run(ns: argparse.Namespace) -> int:
     spec = spec_from_args(ns)
     jobs = build_jobs(spec)
     if ns.action == "status":
-        return _status(jobs, ns.output_dir)
+        return _watch(jobs, ns) if ns.watch else _status(jobs, ns.output_dir)
     if ns.action == "delete-incomplete":
         return _delete(jobs, ns)
     return _launch(spec, jobs, ns)
@@ -100,6 +100,20 @@ def _status(jobs, sweep_dir: str) -> int:
             group[live[job.job_id]] += 1
     rows = [[ds, alg] + [c.get(s, 0) for s in columns] for (ds, alg), c in per_group.items()]
     print(tabulate(rows, headers=["dataset", "algorithm", *columns]))
+    return 0
+
+
+def _watch(jobs, ns: argparse.Namespace) -> int:
+    from domaingen.sweep.progress import watch
+
+    if ns.interval <= 0:
+        raise DomaingenError(f"--interval must be positive, got {ns.interval:g}")
+    clear = "\x1b[H\x1b[2J" if sys.stdout.isatty() else ""
+
+    def show(screen: str) -> None:
+        print(f"{clear}{screen}" + ("" if clear else "\n"), flush=True)
+
+    watch(jobs, ns.output_dir, show, ns.interval)
     return 0
 
 
