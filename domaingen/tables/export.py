@@ -256,7 +256,7 @@ def _extract_small_files(path: Path, into: Path) -> tuple[dict[str, Any], Path]:
                 target.parent.mkdir(parents=True, exist_ok=True)
                 target.write_bytes(data)
         except (zipfile.BadZipFile, zlib.error, EOFError) as exc:
-            raise _damaged(path, str(exc)) from None
+            raise _damaged(path, f"damaged: {exc}") from None
     return info, into
 
 
