@@ -41,6 +41,14 @@ def _add_train_parser(sub: argparse._SubParsersAction) -> None:
                    help="evaluate through torch.compile (faster; compiles once per run); "
                         "default: $DOMAINGEN_COMPILE_EVAL=1 turns it on")
     _add_eval_flags(p)
+    _add_logger_flag(p)
+
+
+def _add_logger_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--logger", nargs="+", action="extend", default=[], metavar="NAME",
+                   help="also send each checkpoint's losses, accuracies, step time, memory and diagnostics to "
+                        "tensorboard (RUN_DIR/tensorboard) and/or wandb (offline without a network); the extras "
+                        "of the same names install them; never changes a record or fails a run")
 
 
 def _add_eval_flags(p: argparse.ArgumentParser) -> None:
@@ -67,6 +75,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("list", help="the algorithm and dataset tables")
     _add_sweep_parser(sub)
     _add_collect_parser(sub)
+    _add_export_parser(sub)
     _add_download_parser(sub)
     inspect_cli.add_parsers(sub)
     return parser
@@ -147,8 +156,14 @@ def _add_sweep_parser(sub: argparse._SubParsersAction) -> None:
             a.add_argument("--slurm_array_parallelism", type=int, default=64, help="max tasks running at once")
             a.add_argument("--slurm_cluster", default=None, help="submitit cluster (slurm, or local for testing)")
             _add_scale_flags(a)
+            _add_logger_flag(a)
         if name == "delete-incomplete":
             a.add_argument("--yes", "-y", action="store_true")
+        if name == "status":
+            a.add_argument("--watch", action="store_true",
+                           help="one screen refreshed every --interval seconds: job counts, the running jobs' latest "
+                                "step and validation accuracy, and an ETA, until the sweep ends or Ctrl-C")
+            a.add_argument("--interval", type=float, default=5.0, help="--watch: seconds between refreshes")
 
 
 def _add_scale_flags(a: argparse.ArgumentParser) -> None:
@@ -172,9 +187,25 @@ def _add_scale_flags(a: argparse.ArgumentParser) -> None:
                         "recently used evicted first; 0 = off (default: $DOMAINGEN_DATASET_CACHE_MB, else 1024)")
 
 
+def _add_export_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("export", help="a zip of the runs a sweep's tables selected: args, manifests, records, logs, "
+                                      "weights, the tables and how to reload them")
+    p.add_argument("--input_dir", required=True, help="the sweep directory")
+    p.add_argument("--output", required=True, metavar="FILE.zip")
+    p.add_argument("--selection", nargs="+", choices=["training", "loo", "oracle", "last"], default=None,
+                   help="the methods whose selected runs to bundle (default: collect's: training and oracle, "
+                        "then loo when pair runs exist)")
+    p.add_argument("--hparams_choice", default="per_trial", help="as for collect")
+    p.add_argument("--no_weights", action="store_true", help="leave the .pt files out (records only)")
+    p.add_argument("--datasets", nargs="+", metavar="DATASET", help="only these datasets' runs")
+    p.add_argument("--allow_mixed_sources", action="store_true", help="as for collect")
+
+
 def _add_collect_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("collect", help="selection + result tables from finished runs")
-    p.add_argument("--input_dir", required=True)
+    p.add_argument("--input_dir", required=True,
+                   help="a sweep directory, a run directory, or a bundle (domaingen export's FILE.zip or its "
+                        "unpacked folder)")
     p.add_argument("--format", choices=["markdown", "latex", "csv"], default="markdown")
     p.add_argument("--selection", nargs="+", choices=["training", "loo", "oracle", "last"], default=None,
                    help="default: training and oracle, then loo when pair runs exist; "
@@ -216,6 +247,9 @@ def _add_collect_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--datasets", nargs="+", metavar="DATASET",
                    help="tabulate only these datasets' runs (e.g. one part of a sweep whose parts differ "
                         "in their datasets)")
+    p.add_argument("--manifest", action="store_true",
+                   help="instead of tables: each distinct code version, torch version and device of the done runs "
+                        "behind the tables (their manifest.json), with its number of runs")
     p.add_argument("--allow_mixed_sources", action="store_true",
                    help="tabulate runs of one dataset that come from different data sources together "
                         "(default: refuse; the captions then name every source)")
@@ -223,8 +257,10 @@ def _add_collect_parser(sub: argparse._SubParsersAction) -> None:
 
 def cmd_train(ns: argparse.Namespace) -> int:
     from domaingen.plugins import load_plugins, recorded_plugins
+    from domaingen.run.loggers import check_loggers
     from domaingen.run.training import TrainConfig, train
 
+    loggers = check_loggers(ns.logger)
     load_plugins(recorded_plugins(ns.output_dir))  # resuming a run: the plugins it was started with
     config = TrainConfig(
         dataset=ns.dataset,
@@ -245,6 +281,7 @@ def cmd_train(ns: argparse.Namespace) -> int:
         eval_splits=ns.eval_splits,
         train_in_every=ns.train_in_every,
         plugins=ns.plugins,
+        loggers=loggers,
     )
     outcome = train(config)
     print(outcome.message)
@@ -318,6 +355,11 @@ def cmd_collect(ns: argparse.Namespace) -> int:
     return sweep_cli.collect_command(ns)
 
 
+def cmd_export(ns: argparse.Namespace) -> int:
+    from domaingen.cli import sweep_commands as sweep_cli
+    return sweep_cli.export_command(ns)
+
+
 def cmd_download(ns: argparse.Namespace) -> int:
     from domaingen.datasets import resolve_data_dir
     from domaingen.datasets.download import download
@@ -326,7 +368,8 @@ def cmd_download(ns: argparse.Namespace) -> int:
     return 0
 
 
-COMMANDS = {"train": cmd_train, "list": cmd_list, "sweep": cmd_sweep, "collect": cmd_collect, "download": cmd_download}
+COMMANDS = {"train": cmd_train, "list": cmd_list, "sweep": cmd_sweep, "collect": cmd_collect, "export": cmd_export,
+            "download": cmd_download}
 COMMANDS.update(inspect_cli.COMMANDS)
 
 

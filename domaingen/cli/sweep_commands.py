@@ -78,7 +78,7 @@ def run(ns: argparse.Namespace) -> int:
     spec = spec_from_args(ns)
     jobs = build_jobs(spec)
     if ns.action == "status":
-        return _status(jobs, ns.output_dir)
+        return _watch(jobs, ns) if ns.watch else _status(jobs, ns.output_dir)
     if ns.action == "delete-incomplete":
         return _delete(jobs, ns)
     return _launch(spec, jobs, ns)
@@ -100,6 +100,20 @@ def _status(jobs, sweep_dir: str) -> int:
             group[live[job.job_id]] += 1
     rows = [[ds, alg] + [c.get(s, 0) for s in columns] for (ds, alg), c in per_group.items()]
     print(tabulate(rows, headers=["dataset", "algorithm", *columns]))
+    return 0
+
+
+def _watch(jobs, ns: argparse.Namespace) -> int:
+    from domaingen.sweep.progress import watch
+
+    if ns.interval <= 0:
+        raise DomaingenError(f"--interval must be positive, got {ns.interval:g}")
+    clear = "\x1b[H\x1b[2J" if sys.stdout.isatty() else ""
+
+    def show(screen: str) -> None:
+        print(f"{clear}{screen}" + ("" if clear else "\n"), flush=True)
+
+    watch(jobs, ns.output_dir, show, ns.interval)
     return 0
 
 
@@ -154,6 +168,7 @@ def _launch_options(ns) -> LaunchOptions:
         ray_gpus=ns.ray_gpus,
         jobs_per_task=ns.jobs_per_task,
         dataset_cache_mb=ns.dataset_cache_mb,
+        loggers=ns.logger,
     )
 
 
@@ -221,10 +236,13 @@ def collect_command(ns: argparse.Namespace) -> int:
     if ns.top_hparams and (pairs is not None or ns.fields):
         raise DomaingenError("--paired and --fields add tables; --top_hparams prints none: use one or the other")
     views = [name for name, on in (("--top_hparams", ns.top_hparams), ("--trajectories", ns.trajectories),
-                                   ("--draws", ns.draws), ("--versus", ns.versus)) if on]
+                                   ("--draws", ns.draws), ("--versus", ns.versus), ("--manifest", ns.manifest))
+             if on]
     if len(views) > 1 or (views and views[0] != "--top_hparams" and pairs is not None):
         raise DomaingenError(f"{' and '.join(views + (['--paired'] if pairs is not None else []))} each replace "
                              "the tables: use one of them")
+    if ns.manifest and ns.fields:
+        raise DomaingenError("--manifest replaces the tables with its own; drop --fields")
     if ns.versus and ns.fields:
         raise DomaingenError("--versus replaces the tables with its own; drop --fields")
     if ns.versus and Path(ns.versus).resolve() == Path(ns.input_dir).resolve():
@@ -234,6 +252,10 @@ def collect_command(ns: argparse.Namespace) -> int:
                              "and to --draws)")
     reference = pd.concat([read_reference(f) for f in ns.reference], ignore_index=True) if ns.reference else None
     collection = _collection(ns.input_dir, ns)
+    if ns.manifest:
+        from domaingen.tables.provenance import manifest_summary
+
+        return _write(manifest_summary(collection, ns.format), ns.output)
     if ns.trajectories or ns.draws:
         from domaingen.tables.views import draws_table, render, trajectories
 
@@ -244,10 +266,7 @@ def collect_command(ns: argparse.Namespace) -> int:
             text = render(draws_table(collection.records, ns.fields),
                           "every hparams draw, training-domain validation (accuracies in %)", ns.format)
         return _write(text, ns.output)
-    methods = ns.selection
-    if methods is None:
-        has_pairs = (collection.records["test_envs"].map(len) == 2).any()
-        methods = ["training", "oracle"] + (["loo"] if has_pairs else [])
+    methods = _methods(collection, ns.selection, collection.bundle)
     if ns.versus:
         return _write(_versus_text(collection, methods, ns), ns.output)
     if ns.top_hparams:
@@ -269,16 +288,55 @@ def collect_command(ns: argparse.Namespace) -> int:
     return _write(text, ns.output)
 
 
-def _collection(sweep_dir: str, ns: argparse.Namespace):
-    """The records and runs of `sweep_dir` as collect tabulates them (with --datasets applied)."""
-    from domaingen.tables.collect import collect, only_datasets
+def _methods(collection, asked: Sequence[str] | None, bundle: dict | None) -> list[str]:
+    """The selection methods asked for, else collect's default; a bundle holds the runs of its own methods only."""
+    if bundle is not None:
+        held = bundle.get("selection", [])
+        missing = [m for m in asked or () if m not in held]
+        if missing:
+            raise DomaingenError(f"this bundle holds the runs selected by {', '.join(held)}, not {', '.join(missing)}; "
+                                 f"export the sweep again with --selection {' '.join(asked)}")
+        return list(asked or held)
+    if asked:
+        return list(asked)
+    has_pairs = (collection.records["test_envs"].map(len) == 2).any()
+    return ["training", "oracle"] + (["loo"] if has_pairs else [])
 
-    load_recorded_plugins(sweep_dir)
-    collection = collect(sweep_dir, allow_mixed_sources=ns.allow_mixed_sources)
-    _add_unlaunched_jobs(collection, sweep_dir)
+
+def _collection(sweep_dir: str, ns: argparse.Namespace):
+    """The records and runs of `sweep_dir` (or of a bundle) as collect tabulates them (with --datasets applied)."""
+    from domaingen.tables.collect import collect, only_datasets
+    from domaingen.tables.export import bundle_collection, is_bundle
+
+    if is_bundle(sweep_dir):
+        collection, info = bundle_collection(sweep_dir, allow_mixed_sources=ns.allow_mixed_sources)
+        collection.bundle = info
+    else:
+        load_recorded_plugins(sweep_dir)
+        collection = collect(sweep_dir, allow_mixed_sources=ns.allow_mixed_sources)
+        _add_unlaunched_jobs(collection, sweep_dir)
     if getattr(ns, "datasets", None):
         collection = only_datasets(collection, ns.datasets, sweep_dir)
     return collection
+
+
+def export_command(ns: argparse.Namespace) -> int:
+    from domaingen.tables.export import export_bundle, is_bundle
+    from domaingen.tables.reporting import build_tables, to_markdown
+    from domaingen.tables.selection import check_hparams_choice
+
+    check_hparams_choice(ns.hparams_choice)
+    if not Path(ns.input_dir).is_dir() or is_bundle(ns.input_dir):
+        raise DomaingenError(f"--input_dir {ns.input_dir}: name a sweep directory (one holding run directories)")
+    collection = _collection(ns.input_dir, ns)
+    methods = _methods(collection, ns.selection, None)
+    text = to_markdown(build_tables(collection, methods, ns.hparams_choice), collection)
+    info = export_bundle(ns.input_dir, ns.output, collection, methods, ns.hparams_choice, text,
+                         weights=not ns.no_weights)
+    size = Path(ns.output).stat().st_size / 2**20
+    print(f"wrote {ns.output}: {len(info['bundled'])} of {info['done_runs']} done runs, selected by "
+          f"{', '.join(methods)}{'' if info['weights'] else ', without weights'} ({size:.1f} MB)")
+    return 0
 
 
 def _versus_text(collection, methods: Sequence[str], ns: argparse.Namespace) -> str:

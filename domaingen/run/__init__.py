@@ -14,7 +14,9 @@ A run directory holds `args.json`, `results.jsonl` (one record per checkpoint,
 DomainBed's field names: `step`, `epoch`, the losses, `env{i}_in_acc`,
 `env{i}_out_acc`, `step_time`, `mem_gb`, `hparams`, `args`, plus `data_source` and
 `evaluated`, the splits that checkpoint evaluated; see Evaluated splits),
-`checkpoint.pt`, `selected.pt` (see the selected checkpoint), `log.txt`, and last a `done` marker, or a `failed` marker with
+`checkpoint.pt`, `selected.pt` (see the selected checkpoint), `log.txt`, `manifest.json`
+(code version, libraries, device, threads, precision: `run.manifest`), with `--logger` also
+`tensorboard/` or `wandb/` (`run.loggers`), and last a `done` marker, or a `failed` marker with
 the reason (NaN loss, exception). Rerunning the same command resumes an
 incomplete run from its last checkpoint with exactly the records an
 uninterrupted run would write; a done run is left alone; a directory holding a

@@ -5,6 +5,7 @@
     checkpoint.pt   everything needed to resume exactly
     selected.pt     the weights at the checkpoint that training-domain validation selects
     log.txt         the run's log
+    manifest.json   what it was computed with (run.manifest)
     done | failed   written atomically, last; `failed` holds the reason
 """
 

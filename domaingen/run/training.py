@@ -26,6 +26,8 @@ from domaingen.devices import place_model, resolve_device
 from domaingen.networks import check_backbone
 from domaingen.plugins import load_plugins, loaded_plugins, merge_specs, portable, split_specs
 from domaingen.run.precision import PRECISIONS, REQUESTED_PRECISIONS, resolve_precision
+from domaingen.run.loggers import RunLoggers, check_logger_names
+from domaingen.run.manifest import build_manifest, record_manifest, used_libraries
 from domaingen.run.rundir import DONE_STATE, FAILED_STATE, LOG, RunDirectory
 
 log = logging.getLogger(__name__)
@@ -98,6 +100,7 @@ class TrainConfig:
     eval_splits: str | None = None  # selection or all; None: what a resumed run started with, else the default
     train_in_every: int | None = None  # selection: also the training envs' in splits at every k-th checkpoint
     plugins: Sequence[str] = ()  # modules to load first (see domaingen.plugins); args.json records every one loaded
+    loggers: Sequence[str] = ()  # tensorboard, wandb (run.loggers); never recorded: they change no record
 
 
 @dataclass
@@ -108,6 +111,7 @@ class ResolvedRun:
     hparams: dict[str, Any]
     dataset_cls: type[MultiDomainDataset]
     algorithm_cls: type[Algorithm]
+    loggers: list[str] = field(default_factory=list)
 
     def identity(self) -> dict[str, Any]:
         """The arguments that decide what the run computes."""
@@ -139,6 +143,7 @@ def resolve(config: TrainConfig) -> ResolvedRun:
     dataset_cls = DATASETS.get(config.dataset)
     algorithm_cls = ALGORITHMS.get(config.algorithm)
     test_envs = dataset_cls.resolve_test_envs(config.test_envs)
+    loggers = check_logger_names(config.loggers)
     check_eval_splits(config.eval_splits, config.train_in_every)
     if config.precision not in REQUESTED_PRECISIONS:
         raise DomaingenError(
@@ -169,6 +174,7 @@ def resolve(config: TrainConfig) -> ResolvedRun:
     if seed is None:
         seed = run_seed(config.dataset, config.algorithm, test_envs, config.hparams_seed, config.trial_seed)
     args = dataclasses.asdict(config)
+    del args["loggers"]
     args.update(
         test_envs=test_envs,
         hparams=overrides,
@@ -181,7 +187,7 @@ def resolve(config: TrainConfig) -> ResolvedRun:
         eval_splits=config.eval_splits or DEFAULT_EVAL_SPLITS,
         plugins=merge_specs([portable(s) for s in split_specs(config.plugins)], loaded_plugins()),
     )
-    return ResolvedRun(args, hparams, dataset_cls, algorithm_cls)
+    return ResolvedRun(args, hparams, dataset_cls, algorithm_cls, loggers)
 
 
 # Part of a run's identity, but checked on their own: a resumed run keeps what it started with
@@ -307,9 +313,25 @@ def _train_loop(
     algorithm = place_model(algorithm, device, dataset.input_shape)
     # One compiled graph for all checkpoints; it reads the parameters as they are at each call.
     predict = CompiledPredict(algorithm, eval_batch_size(device, algorithm)) if args["compile_eval"] else None
-    full_batch = bool(hparams.get("full_batch", False))
     sampler = dataset.minibatch_sampler(train_splits, hparams["batch_size"], args["seed"], device)
     start_step, selected = _resume(rundir, algorithm, sampler)
+    manifest = build_manifest(device, args["resolved_precision"], used_libraries([algorithm, dataset]))
+    changed = record_manifest(rundir, manifest, start_step)
+    if changed:
+        log.warning(changed)
+    loggers = RunLoggers(run.loggers, rundir.path, start_step, hparams, args, run.identity())
+    try:
+        _steps(run, dataset, device, rundir, splits, algorithm, sampler, predict, start_step, selected, loggers)
+    finally:
+        loggers.close()
+    return rundir.records()
+
+
+def _steps(run: ResolvedRun, dataset: MultiDomainDataset, device: torch.device, rundir: RunDirectory,
+           splits: list, algorithm: Algorithm, sampler: Any, predict: CompiledPredict | None, start_step: int,
+           selected: dict[str, Any] | None, loggers: RunLoggers) -> None:
+    args, hparams = run.args, run.hparams
+    full_batch = bool(hparams.get("full_batch", False))
     steps_per_epoch = 1.0 if full_batch else min(len(s_in) / hparams["batch_size"] for s_in, _ in splits)
     log.info("%s on %s, test envs %s, hparams %s", args["algorithm"], args["dataset"], args["test_envs"], hparams)
     env_domains = training_domains(len(splits), args["test_envs"])
@@ -346,7 +368,7 @@ def _train_loop(
             selected = _update_selected(rundir, record, args["test_envs"], len(splits), algorithm, selected)
             _save(rundir, step + 1, algorithm, sampler, selected)
             log.info(_summary_line(record, args["test_envs"]))
-    return rundir.records()
+            loggers.log(record, losses)
 
 
 def _close_averaging_segment(

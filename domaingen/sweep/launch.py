@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Sequence
 
 from domaingen.errors import DomaingenError
+from domaingen.run.loggers import check_logger_names, check_loggers
 from domaingen.sweep.spec import Job
 from domaingen.sweep.workers import JobResult, LaunchOptions
 
@@ -31,6 +32,7 @@ def check_options(launcher: str, options: LaunchOptions) -> None:
                              f"{options.dataset_cache_mb:g}")
     if options.detach and launcher not in ("slurm", "dry"):
         raise DomaingenError(f"--detach works with --launcher slurm only, not {launcher}; drop --detach")
+    options.loggers = check_loggers(options.loggers) if launcher != "dry" else check_logger_names(options.loggers)
     if launcher == "ray":
         from domaingen.sweep.ray_launcher import check_ray
 

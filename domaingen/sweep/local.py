@@ -7,7 +7,7 @@ from domaingen.sweep.workers import JobResult, available_cores, job_kwargs, prog
 
 def launch_dry(jobs, sweep_dir, data_dir, options) -> list[JobResult]:
     for job in jobs:
-        options.print_fn(train_command(job, sweep_dir, data_dir))
+        options.print_fn(train_command(job, sweep_dir, data_dir, options.loggers))
     return [JobResult(job.job_id, "not launched", "dry run") for job in jobs]
 
 
@@ -17,7 +17,7 @@ def launch_local(jobs, sweep_dir, data_dir, options) -> list[JobResult]:
     cache = worker_cache(options.dataset_cache_mb)
     with progress_bar(len(jobs), options) as bar:
         for job in jobs:
-            results.append(run_job(job.job_id, job_kwargs(job, sweep_dir, data_dir), threads, cache))
+            results.append(run_job(job.job_id, job_kwargs(job, sweep_dir, data_dir, options.loggers), threads, cache))
             bar.update(1)
     return results
 

@@ -138,7 +138,7 @@ def launch_parallel(jobs, sweep_dir, data_dir, options) -> list[JobResult]:
     context = multiprocessing.get_context("spawn")
     with ProcessPoolExecutor(workers, mp_context=context, initializer=_start_worker,
                              initargs=(threads, options.dataset_cache_mb)) as pool:
-        futures = [pool.submit(cached_job, job.job_id, job_kwargs(job, sweep_dir, data_dir), threads) for job in jobs]
+        futures = [pool.submit(cached_job, job.job_id, job_kwargs(job, sweep_dir, data_dir, options.loggers), threads) for job in jobs]
         return _collect_results(pool, futures, options)
 
 
@@ -169,6 +169,6 @@ def _launch_parallel_gpus(jobs, sweep_dir, data_dir, options, gpus: Sequence[str
     results = []
     with ProcessPoolExecutor(workers, mp_context=context, initializer=_pin_worker,
                              initargs=(slots, threads, options.dataset_cache_mb)) as pool:
-        futures = [pool.submit(_run_pinned, job.job_id, job_kwargs(job, sweep_dir, data_dir), threads) for job in jobs]
+        futures = [pool.submit(_run_pinned, job.job_id, job_kwargs(job, sweep_dir, data_dir, options.loggers), threads) for job in jobs]
         return _collect_results(pool, futures, options)
 

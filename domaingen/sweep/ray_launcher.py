@@ -91,7 +91,7 @@ def launch_ray(jobs: Sequence[Any], sweep_dir: str, data_dir: str | None, option
         # a task that dies is retried whole: its done jobs are skipped, the interrupted one resumes
         task = ray.remote(num_cpus=options.ray_cpus, num_gpus=options.ray_gpus, max_retries=MAX_RETRIES)(ray_chunk)
         threads = options.threads or max(1, int(options.ray_cpus))
-        groups = chunks([(job.job_id, job_kwargs(job, sweep_dir, data_dir)) for job in jobs], options.jobs_per_task)
+        groups = chunks([(job.job_id, job_kwargs(job, sweep_dir, data_dir, options.loggers)) for job in jobs], options.jobs_per_task)
         pending = {task.remote(group, threads, options.dataset_cache_mb): [job_id for job_id, _ in group]
                    for group in groups}
         results = []

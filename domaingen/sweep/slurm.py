@@ -59,7 +59,7 @@ def launch_slurm(jobs, sweep_dir, data_dir, options) -> list[JobResult]:
     from domaingen.sweep.slurm_jobs import DEFAULT_MAX_ARRAY, as_submissions, record_submissions, submit_arrays
 
     executor, cluster, folder, threads = _slurm_executor(sweep_dir, options)
-    groups = chunks([(job.job_id, job_kwargs(job, sweep_dir, data_dir)) for job in jobs], options.jobs_per_task)
+    groups = chunks([(job.job_id, job_kwargs(job, sweep_dir, data_dir, options.loggers)) for job in jobs], options.jobs_per_task)
     arguments = [(group, threads, options.dataset_cache_mb) for group in groups]
     max_array = options.slurm.get("max_array") or DEFAULT_MAX_ARRAY
     task_ids = [group[0][0] for group in groups]  # a task is named by its first job

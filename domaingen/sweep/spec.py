@@ -370,8 +370,8 @@ def delete_incomplete(jobs: Sequence[Job], sweep_dir: str | os.PathLike) -> list
     return removed
 
 
-def train_command(job: Job, sweep_dir: str | os.PathLike, data_dir: str | None) -> str:
-    """The `domaingen train` command line that runs one job."""
+def train_command(job: Job, sweep_dir: str | os.PathLike, data_dir: str | None, loggers: Sequence[str] = ()) -> str:
+    """The `domaingen train` command line that runs one job (with the launch's loggers)."""
     import shlex
 
     a = job.args
@@ -397,4 +397,6 @@ def train_command(job: Job, sweep_dir: str | os.PathLike, data_dir: str | None) 
         parts += ["--data_dir", data_dir]
     if a.get("plugins"):
         parts += ["--plugins", ",".join(a["plugins"])]
+    if loggers:
+        parts += ["--logger", *loggers]
     return shlex.join(parts)

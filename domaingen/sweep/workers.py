@@ -129,10 +129,11 @@ def _load_job_plugins(config_kwargs: Mapping[str, Any]) -> str | None:
     return None
 
 
-def job_kwargs(job: Job, sweep_dir: str, data_dir: str | None) -> dict[str, Any]:
+def job_kwargs(job: Job, sweep_dir: str, data_dir: str | None, loggers: Sequence[str] = ()) -> dict[str, Any]:
+    """The keyword arguments of the job's TrainConfig, with the launch's loggers (not part of the job)."""
     from dataclasses import asdict
 
-    return asdict(job.config(sweep_dir, data_dir))
+    return {**asdict(job.config(sweep_dir, data_dir)), "loggers": list(loggers)}
 
 
 @dataclass
@@ -152,6 +153,7 @@ class LaunchOptions:
     ray_gpus: float = 0  # ray: GPUs per task (fractions share a GPU)
     jobs_per_task: int = 1  # slurm, ray: jobs run one after another by one task
     dataset_cache_mb: float | None = None  # each worker's dataset cache bound; None: cache_mb_default()
+    loggers: Sequence[str] = ()  # tensorboard, wandb: every job logs its curves there (run.loggers)
 
 
 def progress_bar(total: int, options: LaunchOptions) -> tqdm:

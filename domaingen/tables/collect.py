@@ -20,6 +20,7 @@ import pandas as pd
 
 from domaingen.errors import DomaingenError
 from domaingen.networks import describe_backbone
+from domaingen.run.manifest import read_manifest
 from domaingen.run.rundir import DONE, FAILED, RESULTS, read_jsonl
 
 log = logging.getLogger(__name__)
@@ -40,6 +41,8 @@ class Collection:
     failed: list[tuple[str, str]] = field(default_factory=list)  # (run dir, reason)
     incomplete: list[str] = field(default_factory=list)
     runs: pd.DataFrame = field(default_factory=pd.DataFrame)  # one row per run dir, with its state
+    manifests: dict[str, dict | None] = field(default_factory=dict)  # done run -> its manifest.json (None: none)
+    bundle: dict | None = None  # the bundle.json when read from a bundle (tables.export)
 
 
 def _run_dirs(input_dir: Path) -> list[Path]:
@@ -110,8 +113,10 @@ def collect(input_dir: str | os.PathLike, allow_mixed_sources: bool = False) -> 
     run_rows: list[dict] = []
     failed: list[tuple[str, str]] = []
     incomplete: list[str] = []
+    manifests: dict[str, dict | None] = {}
     for path in _run_dirs(root):
         if (path / DONE).exists():
+            manifests[path.name] = read_manifest(path)
             records = read_jsonl(path / RESULTS)
             flat = [r for r in (_flatten(rec, path.name) for rec in records) if r is not None]
             if len(flat) < len(records):
@@ -132,7 +137,7 @@ def collect(input_dir: str | os.PathLike, allow_mixed_sources: bool = False) -> 
     records = pd.DataFrame(rows)
     if not allow_mixed_sources:
         check_data_sources(records)
-    return Collection(records, failed, incomplete, pd.DataFrame(run_rows))
+    return Collection(records, failed, incomplete, pd.DataFrame(run_rows), manifests)
 
 
 def only_datasets(collection: Collection, datasets: Sequence[str], where: str) -> Collection:
@@ -156,7 +161,8 @@ def only_datasets(collection: Collection, datasets: Sequence[str], where: str) -
         raise DomaingenError(f"no finished runs of {', '.join(datasets)} in {where} "
                              f"({len(kept)} runs of them, none done); launch or resume the sweep first")
     return Collection(records, [(run, why) for run, why in collection.failed if run in kept],
-                      [run for run in collection.incomplete if run in kept], runs.reset_index(drop=True))
+                      [run for run in collection.incomplete if run in kept], runs.reset_index(drop=True),
+                      {run: m for run, m in collection.manifests.items() if run in kept}, collection.bundle)
 
 
 def data_sources(records: pd.DataFrame) -> list[str]:

@@ -32,6 +32,7 @@ from tabulate import tabulate
 
 from domaingen.tables.collect import Collection, RunGrid, data_sources, expand_modes, n_environments
 from domaingen.datasets import DATASETS
+from domaingen.tables.provenance import mixed_versions_note
 from domaingen.tables.reference import reference_rows
 from domaingen.tables.selection import HPARAMS_CHOICE_TITLES, METHOD_TITLES, check_hparams_choice, select
 from domaingen.tables.wilds_selection import WILDS_PREFIX, wilds_metric_columns, wilds_select
@@ -457,6 +458,8 @@ def to_markdown(tables: Sequence[Table], collection: Collection, show_n: bool = 
         out.write("\n\n")
         out.write("".join(f"{mark} {text}.\n" for mark, text in table_marks(table)))
         out.write("\n" if table_marks(table) else "")
+        note = mixed_versions_note(collection, table.key.split("/")[0])
+        out.write(f"{note}\n\n" if note else "")
     out.write(error_note(error, tables) + "\n")
     out.write(_footer(collection))
     return out.getvalue()
@@ -492,6 +495,9 @@ def done_runs(count: int) -> str:
 
 def _footer(collection: Collection) -> str:
     lines = [f"{done_runs(collection.records['run'].nunique())}, {len(collection.records)} records."]
+    if collection.bundle:
+        lines.append(f"Read from a bundle of sweep {collection.bundle.get('source')}: the runs its tables selected, "
+                     f"of {done_runs(collection.bundle.get('done_runs', 0))}.")
     if collection.failed:
         lines.append(f"Failed runs ({len(collection.failed)}), not counted:")
         lines += [f"- {run}: {reason}" for run, reason in collection.failed]
@@ -551,11 +557,13 @@ def latex_width_pt(grid: Sequence[Sequence[str]]) -> float:
     return sum(max(_visible_length(row[j]) for row in grid) * CHAR_PT + COLSEP_PT for j in range(len(grid[0])))
 
 
-def latex_table(table: Table, show_n: bool = False, error: str = "domainbed", placement: str | None = None) -> str:
+def latex_table(table: Table, show_n: bool = False, error: str = "domainbed", placement: str | None = None,
+                note: str = "") -> str:
     """One table as a float: `table` when it fits one column of a two-column paper, else `table*`
     (both columns); its type keeps the document's size and shrinks only when wider than the line.
 
-    `placement` overrides the float's placement ([ht] for table, [t] for table*, which takes no h).
+    `placement` overrides the float's placement ([ht] for table, [t] for table*, which takes no h);
+    `note`, a line set small under the table (e.g. that its runs mix code versions).
     """
     header = ["Algorithm"] + [latex_escape(c) for c in table.columns]
     body = [[latex_escape(alg)] + [_latex_cell(c, show_n, error) for c in cells] for alg, cells in table.rows.items()]
@@ -579,7 +587,10 @@ def latex_table(table: Table, show_n: bool = False, error: str = "domainbed", pl
     if published:
         lines.append(r"\midrule")
         lines += [" & ".join(row) + r" \\" for row in published]
-    lines += [r"\bottomrule", r"\end{tabular}}", latex_table_note(table, error), rf"\end{{{float_env}}}", ""]
+    lines += [r"\bottomrule", r"\end{tabular}}", latex_table_note(table, error)]
+    if note:
+        lines.append(r"\par\smallskip{\footnotesize " + latex_escape(note.replace("`", "")) + "}")
+    lines += [rf"\end{{{float_env}}}", ""]
     return "\n".join(lines)
 
 
@@ -605,7 +616,7 @@ def to_latex(
     packages they need are named in a comment at the top)."""
     uses = "".join(rf"\usepackage{{{p}}}" for p in LATEX_PACKAGES)
     if bare:
-        body = "\n".join(latex_table(t, show_n, error) for t in tables)
+        body = "\n".join(latex_table(t, show_n, error, note=_note(collection, t)) for t in tables)
         return "\n".join([
             r"% domaingen tables: \input this file; the preamble needs " + uses + ".",
             r"% Tables keep the document's type size and shrink only when wider than their column;",
@@ -613,12 +624,16 @@ def to_latex(
             body,
         ])
     # one column: both kinds of float read as `table`; here they may stand where they are made
-    body = "\n".join(latex_table(t, show_n, error, placement="[!ht]") for t in tables)
+    body = "\n".join(latex_table(t, show_n, error, placement="[!ht]", note=_note(collection, t)) for t in tables)
     return "\n".join(
         [r"\documentclass{article}", r"\usepackage[margin=2cm]{geometry}"]
         + [rf"\usepackage{{{p}}}" for p in LATEX_PACKAGES]
         + [r"\begin{document}", body, r"\end{document}", ""]
     )
+
+
+def _note(collection: Collection, table: Table) -> str:
+    return mixed_versions_note(collection, table.key.split("/")[0])
 
 
 def _joined(cell: Cell, key: str) -> str:

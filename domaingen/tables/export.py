@@ -1,0 +1,312 @@
+"""A shareable bundle of what a table selected: `domaingen export`, and `collect` reading one back.
+
+`domaingen export --input_dir SWEEP --output FILE.zip [--selection training ...] [--no_weights]`
+writes one zip, everything under a folder named after the file:
+
+    bundle.json     what the bundle holds: the selection methods, the sweep's grid of runs
+                    (every run's state, so cells that lack runs say so as they did), the
+                    failed and incomplete runs, and a SHA-256 of every file
+    README.md       how to collect and evaluate from it
+    tables.md       the tables, as `collect` printed them from the sweep
+    sweep.json      the sweep's spec, when it has one
+    runs/RUN/       args.json, manifest.json, results.jsonl, log.txt, done, and the weights:
+                    selected.pt (the checkpoint training-domain validation chose) and, for a
+                    run whose chosen checkpoint is its last one (oracle, last), checkpoint.pt
+
+The runs are those the tables' selection chose, per method, dataset, algorithm, test
+environment and trial, plus, for leave-one-domain-out, the pair runs that validated them.
+Selection among draws compares validation accuracies, so keeping only the chosen draw
+changes no cell: `domaingen collect --input_dir FILE.zip` (or the unpacked folder)
+reprints the same tables, for the methods the bundle holds. `--no_weights` leaves the
+.pt files out (a small archive of records). A bundle whose files do not match bundle.json
+(a damaged zip, an edited file) is refused in one line and nothing is written.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+import zipfile
+import zlib
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator, Sequence
+
+import pandas as pd
+
+import domaingen
+from domaingen.errors import DomaingenError
+from domaingen.run.manifest import MANIFEST
+from domaingen.run.rundir import ARGS, CHECKPOINT, DONE, LOG, RESULTS, SELECTED
+from domaingen.tables.collect import Collection, collect, expand_modes
+from domaingen.tables.selection import select, training_domain_validation
+from domaingen.tables.wilds_selection import wilds_select
+
+BUNDLE_FILE = "bundle.json"
+FORMAT = 1
+RUN_FILES = (ARGS, MANIFEST, RESULTS, LOG, DONE)
+WEIGHT_FILES = (SELECTED, CHECKPOINT)
+RUNS = "runs"
+
+README = """# {name}: a domaingen bundle
+
+The runs that `domaingen collect` selected from the sweep `{source}` with {methods}
+(hparams chosen {choice}): {n_runs} of its {done_runs} done runs, with their arguments,
+manifests (code, library and device versions), records and logs{weights_note}.
+`tables.md` holds the tables as collect printed them from the whole sweep.
+
+Reprint them from this bundle (the zip or this folder):
+
+    domaingen collect --input_dir {name}.zip
+
+Reload a run's selected weights and evaluate every split again (`--data_dir` names
+where the dataset lives on your machine, when not where the run was trained):
+
+    domaingen evaluate {name}/runs/RUN [--data_dir DIR] [--checkpoint selected|last]
+
+`selected.pt` holds the weights at the checkpoint training-domain validation chose;
+`checkpoint.pt`, kept for runs whose chosen checkpoint is their last one (oracle, last),
+the last checkpoint. bundle.json lists, per run, the methods that chose it, the step each
+chose, and the SHA-256 of every file.
+"""
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _base(run: str) -> str:
+    """'RUN#mode' (a test-time mode's rows) -> 'RUN', the directory."""
+    return run.split("#", 1)[0]
+
+
+def chosen_runs(collection: Collection, methods: Sequence[str], hparams_choice: str) -> dict[str, dict[str, int]]:
+    """run directory -> {method: the step it chose} for every run the tables of `methods` rest on.
+
+    Leave-one-domain-out's validation reads the pair runs of the chosen draw; they come
+    with it (step -1: chosen for validation). WILDS' official-split tables add their runs.
+    """
+    records = expand_modes(collection.records)
+    chosen: dict[str, dict[str, int]] = {}
+    for method in methods:
+        picked = select(records, method, hparams_choice)
+        for row in picked.itertuples():
+            chosen.setdefault(_base(str(row.run)), {})[method] = int(row.step)
+        if method == "loo" and len(picked):
+            chosen_pairs = _pair_runs(collection.records, picked, records)
+            for run in chosen_pairs:
+                chosen.setdefault(run, {}).setdefault(method, -1)
+    if any(c.startswith("wilds_") for c in collection.records.columns):
+        for row in wilds_select(collection.records).itertuples():
+            chosen.setdefault(str(row.run), {})["wilds"] = int(row.step)
+    return chosen
+
+
+def _pair_runs(records: pd.DataFrame, picked: pd.DataFrame, expanded: pd.DataFrame) -> set[str]:
+    bases = (expanded.groupby("algorithm")["base_algorithm"].first().dropna().to_dict()
+             if "base_algorithm" in expanded else {})
+    pairs = records[records["test_envs"].map(len) == 2].drop_duplicates("run")
+    wanted = {(r.dataset, bases.get(r.algorithm, r.algorithm), int(r.hparams_seed), int(r.trial_seed), int(r.test_env))
+              for r in picked.itertuples()}
+    return {str(p.run) for p in pairs.itertuples() for t in p.test_envs
+            if (p.dataset, p.algorithm, int(p.hparams_seed), int(p.trial_seed), int(t)) in wanted}
+
+
+def _weights_for(run_dir: Path, steps: dict[str, int], last_step: int, selected_step: int | None) -> list[str]:
+    """selected.pt always; checkpoint.pt when a method chose the last step and selected.pt is another one."""
+    files = [SELECTED] if (run_dir / SELECTED).exists() else []
+    if (run_dir / CHECKPOINT).exists() and last_step in steps.values() and selected_step != last_step:
+        files.append(CHECKPOINT)
+    return files
+
+
+def _runs_table(collection: Collection) -> list[dict[str, Any]]:
+    runs = collection.runs.astype(object).where(collection.runs.notna(), None)
+    rows = runs.to_dict("records")
+    for row in rows:
+        row["test_envs"] = list(row.get("test_envs") or ())
+    return rows
+
+
+def export_bundle(input_dir: str | os.PathLike, output: str | os.PathLike, collection: Collection,
+                  methods: Sequence[str], hparams_choice: str, tables_text: str, weights: bool = True) -> dict[str, Any]:
+    """Write the bundle of what `collection`'s tables selected to `output` (a .zip); returns its bundle.json.
+
+    The zip is written through a temporary file and a rename: a failure leaves nothing behind.
+    """
+    source, output = Path(input_dir), Path(output)
+    if output.suffix != ".zip":
+        raise DomaingenError(f"--output {output}: name a .zip file")
+    chosen = chosen_runs(collection, methods, hparams_choice)
+    if not chosen:
+        raise DomaingenError(f"the tables of {source} selected no run with {', '.join(methods)}; "
+                             "try another --selection")
+    last_steps = collection.records.groupby("run")["step"].max().to_dict()
+    training_steps = training_domain_validation(collection.records).drop_duplicates("run").set_index("run")["step"]
+    name = output.stem
+    members: dict[str, Path] = {}
+    runs_info: dict[str, Any] = {}
+    for run, steps in sorted(chosen.items()):
+        run_dir = source / run
+        files = [f for f in RUN_FILES if (run_dir / f).exists()]
+        if weights:
+            selected_step = int(training_steps[run]) if run in training_steps.index else None
+            files += _weights_for(run_dir, steps, int(last_steps.get(run, -1)), selected_step)
+        for f in files:
+            members[f"{RUNS}/{run}/{f}"] = run_dir / f
+        runs_info[run] = {"chosen_by": steps}
+    if (source / "sweep.json").exists():
+        members["sweep.json"] = source / "sweep.json"
+    info = {
+        "format": FORMAT,
+        "domaingen": domaingen.__version__,
+        "source": source.resolve().name,
+        "selection": list(methods),
+        "hparams_choice": hparams_choice,
+        "weights": weights,
+        "done_runs": int(collection.records["run"].nunique()),
+        "runs": _runs_table(collection),
+        "failed": [list(f) for f in collection.failed],
+        "incomplete": list(collection.incomplete),
+        "bundled": runs_info,
+    }
+    texts = {
+        "tables.md": tables_text,
+        "README.md": README.format(
+            name=name, source=info["source"], methods=", ".join(methods), choice=hparams_choice.replace("_", " "),
+            n_runs=len(chosen), done_runs=info["done_runs"],
+            weights_note=", and their selected weights" if weights else " (no weights: exported with --no_weights)"),
+    }
+    info["files"] = {arc: _sha256(path) for arc, path in members.items()}
+    info["files"].update({arc: hashlib.sha256(text.encode()).hexdigest() for arc, text in texts.items()})
+    output.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=output.parent, prefix=f".{output.name}.")
+    os.close(fd)
+    try:
+        with zipfile.ZipFile(tmp, "w", compression=zipfile.ZIP_DEFLATED) as zf:
+            zf.writestr(f"{name}/{BUNDLE_FILE}", json.dumps(info, indent=2, sort_keys=True) + "\n")
+            for arc, text in texts.items():
+                zf.writestr(f"{name}/{arc}", text)
+            for arc, path in sorted(members.items()):
+                zf.write(path, f"{name}/{arc}")
+        os.replace(tmp, output)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return info
+
+
+# ---- reading a bundle -------------------------------------------------------------------
+
+
+def is_bundle(path: str | os.PathLike) -> bool:
+    """A .zip file, or a folder holding bundle.json."""
+    path = Path(path)
+    return (path.is_file() and path.suffix == ".zip") or (path / BUNDLE_FILE).is_file()
+
+
+def _damaged(path: Path, why: str) -> DomaingenError:
+    return DomaingenError(f"{path} is not a usable domaingen bundle ({why}); export it again with domaingen export")
+
+
+def _read_info(path: Path, text: bytes | str) -> dict[str, Any]:
+    try:
+        info = json.loads(text)
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        raise _damaged(path, f"{BUNDLE_FILE} is not valid JSON") from None
+    if not isinstance(info, dict) or info.get("format") != FORMAT or not isinstance(info.get("files"), dict):
+        raise _damaged(path, f"{BUNDLE_FILE} is not one domaingen {domaingen.__version__} writes")
+    return info
+
+
+def _extract_small_files(path: Path, into: Path) -> tuple[dict[str, Any], Path]:
+    """Check a zipped bundle and extract all but its weights into `into`; (bundle.json, the bundle's folder)."""
+    try:
+        zf = zipfile.ZipFile(path)
+    except (zipfile.BadZipFile, OSError) as exc:
+        raise _damaged(path, f"not a zip file: {exc}") from None
+    with zf:
+        names = zf.namelist()
+        infos = [n for n in names if n.endswith(f"/{BUNDLE_FILE}") and n.count("/") == 1]
+        if len(infos) != 1:
+            raise _damaged(path, f"no {BUNDLE_FILE} in a top folder")
+        top = infos[0].split("/")[0]
+        try:
+            info = _read_info(path, zf.read(infos[0]))
+            for arc in info["files"]:
+                member = f"{top}/{arc}"
+                if member not in names:
+                    raise _damaged(path, f"{arc} is missing")
+                if Path(arc).suffix == ".pt":
+                    continue
+                if Path(arc).is_absolute() or ".." in Path(arc).parts:
+                    raise _damaged(path, f"{arc} points outside the bundle")
+                data = zf.read(member)
+                if hashlib.sha256(data).hexdigest() != info["files"][arc]:
+                    raise _damaged(path, f"{arc} does not match its checksum")
+                target = into / arc
+                target.parent.mkdir(parents=True, exist_ok=True)
+                target.write_bytes(data)
+        except (zipfile.BadZipFile, zlib.error, EOFError) as exc:
+            raise _damaged(path, f"damaged: {exc}") from None
+    return info, into
+
+
+def _check_folder(path: Path) -> dict[str, Any]:
+    info = _read_info(path, (path / BUNDLE_FILE).read_bytes())
+    for arc, digest in info["files"].items():
+        file = path / arc
+        if not file.is_file():
+            raise _damaged(path, f"{arc} is missing")
+        if file.suffix != ".pt" and _sha256(file) != digest:
+            raise _damaged(path, f"{arc} does not match its checksum")
+    return info
+
+
+@dataclass
+class Bundle:
+    """A checked bundle: its bundle.json and the folder its runs are in (a temporary one for a zip)."""
+
+    info: dict[str, Any]
+    root: Path
+
+
+@contextmanager
+def open_bundle(path: str | os.PathLike) -> Iterator[Bundle]:
+    """Check a bundle (zip or folder) and yield it; a zip's files other than weights are extracted
+    into a temporary folder, removed afterwards. Raises DomaingenError for a damaged bundle."""
+    path = Path(path)
+    if path.is_dir():
+        yield Bundle(_check_folder(path), path)
+        return
+    tmp = Path(tempfile.mkdtemp(prefix="domaingen-bundle-"))
+    try:
+        info, root = _extract_small_files(path, tmp)
+        yield Bundle(info, root)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def bundle_collection(path: str | os.PathLike, allow_mixed_sources: bool = False) -> tuple[Collection, dict[str, Any]]:
+    """The Collection of a bundle's runs, with the sweep's grid of runs (states, failures) as exported,
+    so that collect tabulates it as it tabulated the sweep; and its bundle.json."""
+    with open_bundle(path) as bundle:
+        runs_dir = bundle.root / RUNS
+        if not runs_dir.is_dir():
+            raise _damaged(Path(path), f"no {RUNS}/ folder")
+        collection = collect(runs_dir, allow_mixed_sources=allow_mixed_sources)
+        runs = pd.DataFrame(bundle.info.get("runs", []))
+        if len(runs):
+            runs["test_envs"] = runs["test_envs"].map(lambda e: tuple(sorted(e or ())))
+            collection.runs = runs
+        collection.failed = [tuple(f) for f in bundle.info.get("failed", [])]
+        collection.incomplete = list(bundle.info.get("incomplete", []))
+    return collection, bundle.info

@@ -1,0 +1,167 @@
+"""domaingen export: a bundle of what the tables selected, collected and evaluated after the sweep is gone."""
+
+from __future__ import annotations
+
+import io
+import json
+import shutil
+import zipfile
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from domaingen.cli import main
+
+SPEC = """
+algorithms = ["ERM"]
+datasets = ["ColoredMNIST"]
+n_hparams = 2
+n_trials = 1
+steps = 3
+checkpoint_freq = 2
+pairs = true
+
+[hparams]
+featurizer = "MLP"
+mlp_width = 16
+batch_size = 16
+"""
+
+
+def run(capsys, *argv) -> tuple[int, str, str]:
+    code = main(["-q", *argv])
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+@pytest.fixture(scope="module")
+def sweep(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("export")
+    (root / "spec.toml").write_text(SPEC)
+    assert main(["-q", "sweep", "launch", "--spec", str(root / "spec.toml"), "--output_dir", str(root / "sweep"),
+                 "--data_dir", "embedded", "--launcher", "local", "--no_progress", "--yes"]) == 0
+    return root / "sweep"
+
+
+def tables_part(text: str) -> str:
+    """The tables, without the footer's run counts (a bundle holds fewer runs than the sweep)."""
+    return text.split("± = ")[0]
+
+
+def test_a_bundle_reprints_the_tables_and_evaluates_after_the_sweep_is_deleted(sweep, tmp_path, capsys):
+    copy = tmp_path / "sweep"
+    shutil.copytree(sweep, copy)
+    code, markdown, _ = run(capsys, "collect", "--input_dir", str(copy))
+    code, csv_text, _ = run(capsys, "collect", "--input_dir", str(copy), "--format", "csv")
+    code, out, _ = run(capsys, "export", "--input_dir", str(copy), "--output", str(tmp_path / "b.zip"))
+    assert code == 0 and out.startswith(f"wrote {tmp_path / 'b.zip'}: ")
+    shutil.rmtree(copy)
+    code, again, _ = run(capsys, "collect", "--input_dir", str(tmp_path / "b.zip"))
+    assert code == 0 and tables_part(again) == tables_part(markdown)
+    assert "Read from a bundle of sweep sweep: the runs its tables selected, of 12 done runs." in again
+    code, csv_again, _ = run(capsys, "collect", "--input_dir", str(tmp_path / "b.zip"), "--format", "csv")
+    assert csv_again == csv_text
+    cells = pd.read_csv(io.StringIO(csv_text))
+    # the selected runs are all there, and only they with the pair runs that validated them
+    with zipfile.ZipFile(tmp_path / "b.zip") as zf:
+        names = zf.namelist()
+        info = json.loads(zf.read("b/bundle.json"))
+        zf.extractall(tmp_path / "unpacked")
+    selected = {r for runs in cells["runs"].dropna() for r in str(runs).split(";")}
+    assert selected <= set(info["bundled"]) and len(info["bundled"]) < 12
+    # leave-one-domain-out's cells come with the pair runs {t, v} of the draw each chose
+    loo = cells[(cells["selection"] == "loo") & (cells["table"] == "test") & ~cells["column"].str.startswith("Avg")]
+    envs = {"+90%": 0, "+80%": 1, "-90%": 2}
+    wanted = {(int(h), tuple(sorted((envs[c], v)))) for c, h in zip(loo["column"], loo["hparams_seeds"])
+              for v in range(3) if v != envs[c]}
+    bundled_pairs = set()
+    for r, v in info["bundled"].items():
+        args = json.loads((tmp_path / "unpacked" / "b" / "runs" / r / "args.json").read_text())
+        if len(args["test_envs"]) == 2:
+            assert v["chosen_by"] == {"loo": -1}
+            bundled_pairs.add((args["hparams_seed"], tuple(args["test_envs"])))
+    assert bundled_pairs == wanted
+    assert all(f"b/runs/{r}/selected.pt" in names and f"b/runs/{r}/manifest.json" in names for r in selected)
+    assert {"b/README.md", "b/tables.md", "b/sweep.json"} <= set(names)
+    assert tables_part((tmp_path / "unpacked" / "b" / "tables.md").read_text()) == tables_part(markdown)
+    # the unpacked folder collects the same, and a run in it evaluates to its record
+    code, unpacked, _ = run(capsys, "collect", "--input_dir", str(tmp_path / "unpacked" / "b"))
+    assert tables_part(unpacked) == tables_part(markdown)
+    row = cells[(cells["selection"] == "training") & (cells["table"] == "test") & (cells["column"] == "-90%")].iloc[0]
+    chosen = str(row["runs"])
+    code, evaluated, _ = run(capsys, "evaluate", str(tmp_path / "unpacked" / "b" / "runs" / chosen))
+    assert code == 0 and "equal to the record of step" in evaluated
+    test_line = next(line for line in evaluated.splitlines() if line.split()[:3] == ["2", "-90%", "test"])
+    assert float(test_line.split()[3]) == pytest.approx(row["mean"], abs=5e-5)  # printed with 4 decimals
+
+
+def test_no_weights_and_one_method(sweep, tmp_path, capsys):
+    code, out, _ = run(capsys, "export", "--input_dir", str(sweep), "--output", str(tmp_path / "s.zip"),
+                       "--selection", "training", "--no_weights")
+    assert code == 0 and "without weights" in out
+    with zipfile.ZipFile(tmp_path / "s.zip") as zf:
+        assert not [n for n in zf.namelist() if n.endswith(".pt")]
+    code, _, err = run(capsys, "collect", "--input_dir", str(tmp_path / "s.zip"), "--selection", "oracle")
+    assert code == 2 and err.strip() == ("domaingen: error: this bundle holds the runs selected by training, not "
+                                         "oracle; export the sweep again with --selection oracle")
+    code, text, _ = run(capsys, "collect", "--input_dir", str(sweep), "--selection", "training")
+    code, again, _ = run(capsys, "collect", "--input_dir", str(tmp_path / "s.zip"))
+    assert tables_part(again) == tables_part(text)
+
+
+def test_export_of_a_directory_without_finished_runs_writes_nothing(tmp_path, capsys):
+    (tmp_path / "empty" / "run1").mkdir(parents=True)
+    code, _, err = run(capsys, "export", "--input_dir", str(tmp_path / "empty"), "--output", str(tmp_path / "x.zip"))
+    assert code == 2 and not (tmp_path / "x.zip").exists() and not list(tmp_path.glob(".x.zip*"))
+    assert err.strip() == (f"domaingen: error: no finished runs in {tmp_path / 'empty'} (found 0 failed, 0 incomplete); "
+                           "launch or resume the sweep first (domaingen sweep launch)")
+
+
+@pytest.fixture(scope="module")
+def small_bundle(sweep, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("bundle") / "s.zip"
+    assert main(["-q", "export", "--input_dir", str(sweep), "--output", str(out), "--selection", "training",
+                 "--no_weights"]) == 0
+    return out
+
+
+def _flip_a_byte(path: Path, target: Path) -> None:
+    data = bytearray(path.read_bytes())
+    at = data.find(b"results.jsonl") + 300  # inside the first results.jsonl's compressed bytes
+    data[at] ^= 0xFF
+    target.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize("damage, why", [
+    ("not a zip", "not a zip file: File is not a zip file"),
+    ("truncated", "not a zip file: File is not a zip file"),
+    ("flipped byte", "(damaged: "),  # zlib's error or the CRC's, as the byte falls
+    ("edited file", "does not match its checksum"),
+    ("no bundle.json", "no bundle.json in a top folder"),
+])
+def test_a_damaged_bundle_is_refused_in_one_line_and_nothing_is_written(small_bundle, tmp_path, capsys, damage, why):
+    bad = tmp_path / "bad.zip"
+    if damage == "not a zip":
+        bad.write_text("hello")
+    elif damage == "truncated":
+        bad.write_bytes(small_bundle.read_bytes()[: small_bundle.stat().st_size // 2])
+    elif damage == "flipped byte":
+        _flip_a_byte(small_bundle, bad)
+    else:
+        with zipfile.ZipFile(small_bundle) as zf:
+            zf.extractall(tmp_path / "unpacked")
+        bad = tmp_path / "unpacked" / "s"
+        if damage == "edited file":
+            first = next((bad / "runs").iterdir()) / "results.jsonl"
+            first.write_text(first.read_text().replace('"step": 2', '"step": 2 '))
+        else:
+            (bad / "bundle.json").unlink()
+            shutil.make_archive(str(tmp_path / "bad"), "zip", tmp_path / "unpacked")
+            bad = tmp_path / "bad.zip"
+    before = sorted(p for p in tmp_path.rglob("*"))
+    code, out, err = run(capsys, "collect", "--input_dir", str(bad), "--output", str(tmp_path / "t.md"))
+    assert code == 2 and out == "" and len(err.strip().splitlines()) == 1
+    assert err.startswith(f"domaingen: error: {bad} is not a usable domaingen bundle (") and why in err
+    assert err.strip().endswith("export it again with domaingen export")
+    assert sorted(p for p in tmp_path.rglob("*")) == before
