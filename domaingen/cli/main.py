@@ -18,6 +18,11 @@ from domaingen.errors import DomaingenError
 log = logging.getLogger("domaingen")
 
 
+PROTOCOL_HELP = ("paired (default): a draw's trials share its hyperparameters and the environments; domainbed: "
+                 "DomainBed's experiment (a new draw per trial, MNIST environments rebuilt per run, image "
+                 "validation splits augmented); see domaingen.run.protocol")
+
+
 def _add_train_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("train", help="train one run (resumes an incomplete one, skips a done one)")
     p.add_argument("--dataset", required=True)
@@ -35,6 +40,7 @@ def _add_train_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--precision", choices=["fp32", "bf16", "auto"], default="fp32",
                    help="auto: bf16 on a GPU with native bf16 or a CPU with AMX / AVX-512 bf16, else fp32")
     p.add_argument("--device", default="auto", help="auto (CUDA when present), cpu, cuda, cuda:N")
+    p.add_argument("--protocol", default="paired", help=PROTOCOL_HELP)
     p.add_argument("--compile_eval", action=argparse.BooleanOptionalAction, default=None,
                    help="evaluate through torch.compile (faster; compiles once per run); "
                         "default: $DOMAINGEN_COMPILE_EVAL=1 turns it on")
@@ -101,6 +107,7 @@ def _add_sweep_parser(sub: argparse._SubParsersAction) -> None:
         a.add_argument("--checkpoint_freq", type=int)
         a.add_argument("--precision", choices=["fp32", "bf16", "auto"])
         a.add_argument("--pairs", action="store_true", default=None, help="add every pair of test environments")
+        a.add_argument("--protocol", default=None, help=PROTOCOL_HELP + " (default: the spec's, else paired)")
         a.add_argument("--hparams", help="JSON overrides for every job")
         _add_eval_flags(a)
         if name == "launch":
@@ -196,6 +203,9 @@ def _add_collect_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--allow_mixed_sources", action="store_true",
                    help="tabulate runs of one dataset that come from different data sources together "
                         "(default: refuse; the captions then name every source)")
+    p.add_argument("--protocol", default=None,
+                   help="tabulate only the runs of this protocol (paired or domainbed); needed when a directory "
+                        "holds both: a table never mixes them")
 
 
 def cmd_train(ns: argparse.Namespace) -> int:
@@ -222,6 +232,7 @@ def cmd_train(ns: argparse.Namespace) -> int:
         eval_splits=ns.eval_splits,
         train_in_every=ns.train_in_every,
         plugins=ns.plugins,
+        protocol=ns.protocol,
     )
     outcome = train(config)
     print(outcome.message)

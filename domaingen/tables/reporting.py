@@ -23,6 +23,7 @@ from tabulate import tabulate
 
 from domaingen.tables.collect import Collection, RunGrid, data_sources, expand_modes, n_environments
 from domaingen.datasets import DATASETS
+from domaingen.run.protocol import PROTOCOL_NOTES
 from domaingen.tables.reference import reference_rows
 from domaingen.tables.selection import HPARAMS_CHOICE_TITLES, METHOD_TITLES, check_hparams_choice, select
 from domaingen.tables.wilds_selection import WILDS_PREFIX, wilds_metric_columns, wilds_select
@@ -139,9 +140,11 @@ class Table:
     data_source: str = ""
     hparams_choice: str = "per_trial"
     references: dict[tuple[str, str], list[ReferenceCell]] = field(default_factory=dict)  # (algorithm, source)
+    protocol: str = ""  # the experiment its runs followed (domaingen.run.protocol)
 
     def caption(self) -> str:
-        return f"{self.title} (data: {self.data_source})" if self.data_source else self.title
+        notes = [f"data: {self.data_source}"] * bool(self.data_source) + [f"protocol: {self.protocol}"] * bool(self.protocol)
+        return f"{self.title} ({'; '.join(notes)})" if notes else self.title
 
 
 def environment_names(dataset: str, n_envs: int) -> list[str]:
@@ -385,6 +388,8 @@ def build_tables(
         tables += [averages] if averages is not None else []
         tables += indomain_tables
     tables += wilds_tables(collection)
+    for table in tables:
+        table.protocol = collection.protocol
     if reference is not None:
         for table in tables:
             add_reference_rows(table, reference)
@@ -415,14 +420,15 @@ def to_markdown(tables: Sequence[Table], collection: Collection, show_n: bool = 
         body += [[f"{alg} ({source})"] + [c.text() for c in cells] for (alg, source), cells in table.references.items()]
         out.write(tabulate(body, headers=["Algorithm"] + table.columns, tablefmt="github", disable_numparse=True))
         out.write("\n\n")
-    out.write(error_note(error) + "\n")
+    out.write(error_note(error, collection.protocol) + "\n")
     out.write(_footer(collection))
     return out.getvalue()
 
 
-def error_note(error: str) -> str:
-    """One line saying what a cell's ± is and what Avg columns are."""
-    return f"{ERROR_TITLES[error]}; Avg columns: the mean of the column means, without ±."
+def error_note(error: str, protocol: str | None = None) -> str:
+    """One line saying what a cell's ± is, what Avg columns are and, given `protocol`, what its trials share."""
+    note = f"{ERROR_TITLES[error]}; Avg columns: the mean of the column means, without ±."
+    return note + (f" {PROTOCOL_NOTES[protocol].capitalize()}." if protocol in PROTOCOL_NOTES else "")
 
 
 def done_runs(count: int) -> str:
@@ -548,7 +554,7 @@ def to_csv(tables: Sequence[Table], error: str = "domainbed") -> str:
     `note` (why a cell is empty, or what an average covers), per trial, `;`-joined
     in trial order: `trial_seeds`, `hparams_seeds`, `steps`, `runs` (the selected
     run directories) and `values` (each trial's number, unrounded), and `data_source`,
-    the runs' data source. Rows of published
+    the runs' data source, and `protocol`, the experiment they followed. Rows of published
     numbers (collect --reference) name their `source`, with the ± they print in
     `published_error` (ours leave both empty).
     """
@@ -577,6 +583,7 @@ def to_csv(tables: Sequence[Table], error: str = "domainbed") -> str:
                         "runs": _joined(cell, "run"),
                         "values": ";".join(repr(float(v)) for v in cell.values),
                         "data_source": table.data_source,
+                        "protocol": table.protocol,
                         "source": "",
                         "published_error": None,
                     }
