@@ -21,7 +21,7 @@ from domaingen.errors import DomaingenError, RunDirectoryError
 from domaingen.run.eval_plan import DEFAULT_EVAL_SPLITS, LEGACY_EVAL_SPLITS, check_eval_splits, planned_splits
 from domaingen.run.evaluation import CompiledPredict, autocast_context, eval_batch_size, evaluate, training_domains
 from domaingen.hparams import apply_overrides, draw_hparams, parse_overrides, run_space, seed_hash
-from domaingen.devices import place_model, resolve_device
+from domaingen.devices import make_deterministic, place_model, resolve_device
 from domaingen.plugins import load_plugins, loaded_plugins, merge_specs, portable, split_specs
 from domaingen.run.precision import PRECISIONS, REQUESTED_PRECISIONS, resolve_precision
 from domaingen.run.protocol import (
@@ -266,6 +266,7 @@ def train(config: TrainConfig, dataset_cache: DatasetCache | None = None) -> Run
         log.info(message)
         return RunOutcome(DONE_STATE, str(rundir.path), rundir.records(), message)
     device = resolve_device(config.device)
+    make_deterministic(device)
     run.args["resolved_precision"] = _run_precision(rundir, config.precision, device)
     if run.dataset_cls.DOMAINBED_SEED is not None:
         dataset_cache = None  # built for this run's seed alone: nothing another job could reuse
