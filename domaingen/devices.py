@@ -6,6 +6,7 @@ importing model code.
 
 from __future__ import annotations
 
+import os
 from typing import Sequence
 
 import torch
@@ -25,6 +26,26 @@ def resolve_device(name: str = "auto") -> torch.device:
     if device.type == "cuda" and not torch.cuda.is_available():
         raise DomaingenError(f"device '{name}' asked for, but CUDA is not available; use --device auto or cpu")
     return device
+
+
+# cuBLAS is deterministic only with a fixed workspace (CUDA's documented setting)
+CUBLAS_WORKSPACE = ":4096:8"
+
+
+def make_deterministic(device: torch.device) -> None:
+    """On CUDA, deterministic cuDNN and torch's deterministic algorithms, as DomainBed's train.py sets cuDNN.
+
+    So a resumed run writes the records of an uninterrupted one on a GPU too. `warn_only`: an
+    operation without a deterministic CUDA kernel warns (its name in the log) instead of
+    failing; such a run may differ in the last bits between a resumed and an uninterrupted
+    pass. A no-op on a CPU, whose kernels are deterministic already.
+    """
+    if device.type != "cuda":
+        return
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", CUBLAS_WORKSPACE)
+    torch.backends.cudnn.deterministic = True
+    torch.backends.cudnn.benchmark = False
+    torch.use_deterministic_algorithms(True, warn_only=True)
 
 
 CONVOLUTIONS = (nn.Conv1d, nn.Conv2d, nn.Conv3d)

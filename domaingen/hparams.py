@@ -16,7 +16,7 @@ import hashlib
 import json
 import math
 from dataclasses import dataclass
-from typing import Any, Callable, Collection, Mapping, Sequence
+from typing import Any, Callable, Collection, Mapping, Sequence, Union
 
 import numpy as np
 
@@ -27,14 +27,24 @@ class HParamError(DomaingenError):
     """A bad hyperparameter override."""
 
 
+# A sampler draws from numpy's Generator (the paired protocol's draws) or from a legacy
+# RandomState (the domainbed protocol's, as DomainBed's registry draws): both have uniform().
+Rng = Union[np.random.Generator, np.random.RandomState]
+
+
+def random_index(r: Rng, n: int) -> int:
+    """A uniform index below `n`: Generator.integers, or what RandomState.choice draws over n items."""
+    return int(r.integers(n)) if isinstance(r, np.random.Generator) else int(r.randint(n))
+
+
 @dataclass(frozen=True)
 class Sampler:
     """A random-search distribution with a human-readable description."""
 
-    draw: Callable[[np.random.Generator], Any]
+    draw: Callable[[Rng], Any]
     description: str
 
-    def __call__(self, rng: np.random.Generator) -> Any:
+    def __call__(self, rng: Rng) -> Any:
         return self.draw(rng)
 
     def __str__(self) -> str:
@@ -82,7 +92,7 @@ def log_uniform_or_zero(low: float, high: float, p_zero: float) -> Sampler:
     if not 0 <= p_zero <= 1:
         raise HParamError(f"log_uniform_or_zero: p_zero is a probability in [0, 1], got {p_zero:g}")
 
-    def draw(r: np.random.Generator) -> float:
+    def draw(r: Rng) -> float:
         zero, exponent = r.uniform(), r.uniform(low, high)  # both always drawn: p_zero moves no other value
         return 0.0 if zero < p_zero else float(10**exponent)
 
@@ -128,7 +138,7 @@ def choice(options: Sequence[Any]) -> Sampler:
     opts = list(options)
     if not opts:
         raise HParamError("choice([]): give at least one option")
-    return Sampler(lambda r: opts[int(r.integers(len(opts)))], "choice{" + ",".join(map(str, opts)) + "}")
+    return Sampler(lambda r: opts[random_index(r, len(opts))], "choice{" + ",".join(map(str, opts)) + "}")
 
 
 @dataclass(frozen=True)

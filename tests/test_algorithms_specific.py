@@ -93,3 +93,28 @@ def test_fish_meta_step_interpolates_towards_inner_adam_step(meta_lr):
     fish.update(batch)
     for p0, inner, meta in zip(start, erm.network.parameters(), fish.network.parameters()):
         torch.testing.assert_close(meta, p0 + meta_lr * (inner - p0), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("meta_lr", [1.0, 0.5, 0.05])
+def test_fish_meta_step_carries_batchnorm_statistics_as_domainbed_does(meta_lr):
+    import copy
+
+    from domaingen.algorithms.base import make_adam
+
+    shape = (64,)
+    fish = build("Fish", shape, seed=7, meta_lr=meta_lr)
+    torch.manual_seed(0)
+    fish.network = torch.nn.Sequential(torch.nn.Linear(64, 8), torch.nn.BatchNorm1d(8), torch.nn.Linear(8, 2))
+    fish.inner = copy.deepcopy(fish.network)
+    fish.optimizer = make_adam(fish.inner, fish.hparams)
+    bn = fish.network[1]
+    for step in range(3):
+        mean0, var0, count0 = bn.running_mean.clone(), bn.running_var.clone(), int(bn.num_batches_tracked)
+        batches = separable_batches(shape, seed=step, domains=2)
+        fish.update(batches)
+        inner = fish.inner[1]
+        assert int(inner.num_batches_tracked) == count0 + 2  # one BatchNorm update per environment
+        assert not torch.allclose(inner.running_mean, mean0)
+        torch.testing.assert_close(bn.running_mean, mean0 + meta_lr * (inner.running_mean - mean0))
+        torch.testing.assert_close(bn.running_var, var0 + meta_lr * (inner.running_var - var0))
+        assert int(bn.num_batches_tracked) == int(count0 + meta_lr * 2)  # truncated, as load_state_dict does

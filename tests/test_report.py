@@ -124,7 +124,7 @@ def test_page_embeds_the_plotted_data_and_the_pngs(sweep, tmp_path, capsys):
     assert curves["env1 out"]["y"] == [accs("DMG", 0, s)["env1_out_acc"] for s in range(3)]
     assert curves["env0 in"]["y"][1] is None
     assert "1 still running or incomplete" in page and "training-domain validation" in page
-    assert "(data: MNIST-70000)" in page
+    assert "(data: MNIST-70000; protocol: paired)" in page
     pngs = sorted(p.name for p in (tmp_path / "out").glob("*.png"))
     assert len(pngs) == len(data["figures"]) and page.count("data:image/png;base64,") == len(pngs)
 

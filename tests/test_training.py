@@ -185,3 +185,25 @@ def test_x_and_x_plus_modreg_start_from_the_same_weights_and_batches(monkeypatch
     # a different algorithm is a different restart: other weights
     other = _first_step(monkeypatch, tmp_path, "VREx", **kw)
     assert not torch.equal(other["weights"]["layers.1.weight"], plain["weights"]["layers.1.weight"])
+
+
+def test_cuda_runs_are_made_deterministic_and_cpu_runs_left_alone(monkeypatch):
+    import os
+
+    from domaingen.devices import make_deterministic
+
+    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
+    before = (torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark,
+              torch.are_deterministic_algorithms_enabled())
+    make_deterministic(torch.device("cpu"))
+    assert (torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark,
+            torch.are_deterministic_algorithms_enabled()) == before
+    try:
+        make_deterministic(torch.device("cuda"))  # sets flags only: no GPU needed
+        assert torch.backends.cudnn.deterministic and not torch.backends.cudnn.benchmark
+        assert torch.are_deterministic_algorithms_enabled()
+        assert torch.is_deterministic_algorithms_warn_only_enabled()
+        assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":4096:8"
+    finally:
+        torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = before[:2]
+        torch.use_deterministic_algorithms(before[2])

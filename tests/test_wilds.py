@@ -158,6 +158,6 @@ def test_collect_tabulates_wilds_metrics_selected_on_the_ood_validation_split(da
         key = "wilds_" + column.replace(" ", "_", 1)
         assert cell.values == [best[0][key], best[1][key]]
     assert table.caption() == ("FMoWOfficial: WILDS' metrics of the OOD test split, selected per trial on "
-                               "val_acc_worst_region (data: fmow_v1.1-30 (wilds reader))")
+                               "val_acc_worst_region (data: fmow_v1.1-30 (wilds reader); protocol: paired)")
     assert "### FMoWOfficial: WILDS' metrics" in to_markdown(tables, collection)
     assert "test acc_worst_region" in to_csv(tables)

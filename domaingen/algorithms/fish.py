@@ -15,7 +15,11 @@ class Fish(FeaturizerClassifier):
 
     The inner network and its Adam state persist across updates (DomainBed
     re-clones the network each step but carries the inner Adam state over,
-    which is the same computation).
+    which is the same computation). The meta step moves buffers too, as
+    DomainBed's (which interpolates the whole state dict): BatchNorm running
+    statistics that the inner steps update (`freeze_bn=false`) reach the meta
+    network; an integer buffer (num_batches_tracked) is truncated, as
+    DomainBed's load_state_dict truncates it.
     """
 
     HPARAMS = {"meta_lr": HParam(0.5, choice([0.05, 0.1, 0.5]), "step size of the meta update")}
@@ -38,4 +42,9 @@ class Fish(FeaturizerClassifier):
         with torch.no_grad():
             for meta, inner in zip(self.network.parameters(), self.inner.parameters()):
                 meta.add_(inner - meta, alpha=meta_lr)
+            for meta, inner in zip(self.network.buffers(), self.inner.buffers()):
+                if meta.is_floating_point():
+                    meta.add_(inner - meta, alpha=meta_lr)
+                else:
+                    meta.copy_(meta + (inner - meta) * meta_lr)
         return {"loss": sum(losses) / len(losses)}

@@ -100,7 +100,8 @@ class ModRegMixin:
         "modreg_mask_lr": HParam(
             1.05e-2, log_uniform(-3, -1), "Adam learning rate of the mask logits (own group, no weight decay)"
         ),
-        "modreg_init_logit": HParam(2.0, help="initial mask logit (2.0 keeps a weight with probability 0.88)"),
+        "modreg_init_logit": HParam(2.0, help="initial mask logit: 2.0 keeps a weight with probability 0.88 "
+                                   "(ours; Csordas et al. start at probability 0.9, logit 2.197)"),
         "modreg_mask_bias": HParam(False, help="mask biases too (they are never in S1/S2)"),
     }
 

@@ -18,6 +18,11 @@ from domaingen.errors import DomaingenError
 log = logging.getLogger("domaingen")
 
 
+PROTOCOL_HELP = ("paired (default): a draw's trials share its hyperparameters and the environments; domainbed: "
+                 "DomainBed's experiment (a new draw per trial, MNIST environments rebuilt per run, image "
+                 "validation splits augmented); see domaingen.run.protocol")
+
+
 def _add_train_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("train", help="train one run (resumes an incomplete one, skips a done one)")
     p.add_argument("--dataset", required=True)
@@ -37,6 +42,7 @@ def _add_train_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--precision", choices=["fp32", "bf16", "auto"], default="fp32",
                    help="auto: bf16 on a GPU with native bf16 or a CPU with AMX / AVX-512 bf16, else fp32")
     p.add_argument("--device", default="auto", help="auto (CUDA when present), cpu, cuda, cuda:N")
+    p.add_argument("--protocol", default="paired", help=PROTOCOL_HELP)
     p.add_argument("--compile_eval", action=argparse.BooleanOptionalAction, default=None,
                    help="evaluate through torch.compile (faster; compiles once per run); "
                         "default: $DOMAINGEN_COMPILE_EVAL=1 turns it on")
@@ -133,6 +139,7 @@ def _add_sweep_parser(sub: argparse._SubParsersAction) -> None:
                        help="held-out sets, one run each: indices or names, a set's environments joined by commas "
                             "(--test_envs 2 0,1 holds out 2, then 0 and 1; --test_envs -90%%); default: every "
                             "single environment (the spec's test_envs key)")
+        a.add_argument("--protocol", default=None, help=PROTOCOL_HELP + " (default: the spec's, else paired)")
         a.add_argument("--hparams", help="JSON overrides for every job")
         _add_eval_flags(a)
         if name == "launch":
@@ -253,6 +260,9 @@ def _add_collect_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--allow_mixed_sources", action="store_true",
                    help="tabulate runs of one dataset that come from different data sources together "
                         "(default: refuse; the captions then name every source)")
+    p.add_argument("--protocol", default=None,
+                   help="tabulate only the runs of this protocol (paired or domainbed); needed when a directory "
+                        "holds both: a table never mixes them")
 
 
 def cmd_train(ns: argparse.Namespace) -> int:
@@ -282,6 +292,7 @@ def cmd_train(ns: argparse.Namespace) -> int:
         train_in_every=ns.train_in_every,
         plugins=ns.plugins,
         loggers=loggers,
+        protocol=ns.protocol,
     )
     outcome = train(config)
     print(outcome.message)

@@ -36,7 +36,7 @@ from domaingen.sweep.spec import (
 log = logging.getLogger(__name__)
 
 FLAG_KEYS = ("algorithms", "datasets", "n_hparams", "n_trials", "steps", "checkpoint_freq", "precision", "pairs",
-             "eval_splits", "train_in_every", "test_envs")
+             "eval_splits", "train_in_every", "test_envs", "protocol")
 
 
 def spec_from_args(ns: argparse.Namespace):
@@ -313,7 +313,8 @@ def _collection(sweep_dir: str, ns: argparse.Namespace):
         collection.bundle = info
     else:
         load_recorded_plugins(sweep_dir)
-        collection = collect(sweep_dir, allow_mixed_sources=ns.allow_mixed_sources)
+        collection = collect(sweep_dir, allow_mixed_sources=ns.allow_mixed_sources,
+                             protocol=getattr(ns, "protocol", None))
         _add_unlaunched_jobs(collection, sweep_dir)
     if getattr(ns, "datasets", None):
         collection = only_datasets(collection, ns.datasets, sweep_dir)
@@ -348,6 +349,9 @@ def _versus_text(collection, methods: Sequence[str], ns: argparse.Namespace) -> 
     if not Path(ns.versus).is_dir():
         raise DomaingenError(f"--versus {ns.versus}: no such directory; name a sweep directory to compare with")
     other = _collection(ns.versus, ns)
+    if other.protocol != collection.protocol:
+        raise DomaingenError(f"--versus: {ns.input_dir} holds protocol {collection.protocol} and {ns.versus} protocol "
+                             f"{other.protocol}; twin runs pair only within one protocol: set their tables side by side")
     label_a, label_b = Path(ns.input_dir).resolve().name, Path(ns.versus).resolve().name
     if label_a == label_b:
         label_a, label_b = str(ns.input_dir), str(ns.versus)

@@ -45,6 +45,10 @@ class MultiDomainDataset:
     # groups an algorithm's dataset-dependent hyperparameters can name (hparams.by_dataset);
     # "small_images" is DomainBed's group of 28x28 digit datasets
     HPARAM_GROUPS: ClassVar[tuple[str, ...]] = ()
+    # Set (on a per-run subclass, see `built_as_domainbed`) under the domainbed protocol: build the
+    # dataset as DomainBed's run with this seed would. MNIST datasets draw their environments from it;
+    # image datasets evaluate training environments through the training augmentation.
+    DOMAINBED_SEED: ClassVar[int | None] = None
 
     def __init__(self, data_dir: str, test_envs: Sequence[int], hparams: Mapping[str, Any]) -> None:
         self.data_dir = data_dir
@@ -52,6 +56,15 @@ class MultiDomainDataset:
         self.hparams = dict(hparams)
         self.environments: list[Environment] = []
         self.data_source = "unknown"
+        # the step of the checkpoint being evaluated (the training loop sets it before each evaluation)
+        self.eval_round = 0
+
+    @classmethod
+    def built_as_domainbed(cls, seed: int) -> type["MultiDomainDataset"]:
+        """This dataset class with DOMAINBED_SEED set: a subclass of the same name, module and registry entry."""
+        variant = type(cls.__name__, (cls,), {"DOMAINBED_SEED": int(seed)})
+        variant.__module__, variant.__qualname__ = cls.__module__, cls.__qualname__
+        return variant
 
     @property
     def input_shape(self) -> tuple[int, ...]:

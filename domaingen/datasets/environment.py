@@ -20,13 +20,15 @@ class Environment:
     y: torch.Tensor
     scale: float = 1.0 / 255.0
     source_index: torch.Tensor | None = None  # positions in the source data, for provenance
-
-    def __len__(self) -> int:
-        return len(self.y)
+    divisor: float | None = None  # x / divisor instead of x * scale: DomainBed's float inputs to the last bit
 
     def inputs(self, index: torch.Tensor | slice) -> torch.Tensor:
         """Float inputs of the examples at `index`."""
-        return self.x[index].float().mul_(self.scale)
+        x = self.x[index].float()
+        return x.mul_(self.scale) if self.divisor is None else x.div_(self.divisor)
+
+    def __len__(self) -> int:
+        return len(self.y)
 
     def batch(self, index: torch.Tensor | slice) -> tuple[torch.Tensor, torch.Tensor]:
         """(float inputs, labels) of the examples at `index`."""

@@ -255,10 +255,10 @@ class EvaluationKeys(Sampler):
     """The batches of one split, set before each pass (the loader and its workers stay)."""
 
     def __init__(self) -> None:
-        self.keys: list[tuple[int, int, None]] = []
+        self.keys: list[tuple[int, int, int | None]] = []
         self.batch_size = 1
 
-    def __iter__(self) -> Iterator[list[tuple[int, int, None]]]:
+    def __iter__(self) -> Iterator[list[tuple[int, int, int | None]]]:
         for start in range(0, len(self.keys), self.batch_size):
             yield self.keys[start:start + self.batch_size]
 
@@ -269,7 +269,12 @@ class EvaluationKeys(Sampler):
 class FileDomains(MultiDomainDataset):
     """A dataset whose environments are image files, read by DataLoader workers.
 
-    Subclasses fill `self.environments` with FileEnvironment objects.
+    Subclasses fill `self.environments` with FileEnvironment objects. Under the domainbed
+    protocol (DOMAINBED_SEED set) the splits of training environments are evaluated through
+    the training augmentation, as DomainBed attaches it to whole training environments: each
+    example's augmentation is drawn anew at each checkpoint (`eval_round`), seeded by
+    (DOMAINBED_SEED, checkpoint, environment, position), so a resumed run evaluates as an
+    uninterrupted one.
     """
 
     HPARAMS = RESNET_HPARAMS
@@ -310,6 +315,12 @@ class FileDomains(MultiDomainDataset):
         log.info("training loader: %d worker processes for %d environments", self.num_workers, len(splits))
         return LoaderMinibatches(self.examples(), keyed, batch_size, seed, device, self.num_workers)
 
+    def _eval_augmentation_seed(self, env_index: int, position: int) -> int | None:
+        """None (the evaluation transform), or the seed of the training augmentation (domainbed protocol)."""
+        if self.DOMAINBED_SEED is None or env_index in self.test_envs:
+            return None
+        return seed_hash(self.DOMAINBED_SEED, "eval", self.eval_round, env_index, position)
+
     def eval_batches(self, split: Split, batch_size: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         if self._eval_loader is None:
             self._eval_loader = DataLoader(
@@ -320,6 +331,6 @@ class FileDomains(MultiDomainDataset):
                 pin_memory=torch.cuda.is_available(),
             )
         env_index = self._env_index(split)
-        self._eval_keys.keys = [(env_index, p, None) for p in split.index.tolist()]
+        self._eval_keys.keys = [(env_index, p, self._eval_augmentation_seed(env_index, p)) for p in split.index.tolist()]
         self._eval_keys.batch_size = min(int(batch_size), self.EVAL_BATCH_SIZE)
         yield from self._eval_loader

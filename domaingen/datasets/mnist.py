@@ -3,7 +3,12 @@ IRMColoredMNIST (the IRM paper's Colored MNIST protocol).
 
 Environment membership depends only on a fixed dataset seed (DATA_SEED), never
 on a run's seed, so every run of a sweep sees the same environments (DomainBed
-reshuffled them per run).
+reshuffled them per run). Under the domainbed protocol (DOMAINBED_SEED set) they are
+built as DomainBed builds them in a run with that seed: one generator seeded with it
+shuffles the 70,000 digits, deals them round-robin into the environments, then draws,
+environment by environment, ColoredMNIST's label noise and colour flips; RotatedMNIST
+rotates each digit as a PIL image (bilinear), and inputs are x / 255 (DomainBed's floats
+to the last bit).
 """
 
 from __future__ import annotations
@@ -165,14 +170,19 @@ class MNISTDomains(MultiDomainDataset):
         super().__init__(data_dir, test_envs, hparams)
         digits = load_mnist(data_dir)
         self.data_source = digits.source
-        order = torch.randperm(len(digits.labels), generator=torch.Generator().manual_seed(self.DATA_SEED))
+        as_domainbed = self.DOMAINBED_SEED is not None
+        # DomainBed: one stream (its global generator, seeded with the run's seed) for everything
+        shared = torch.Generator().manual_seed(self.DOMAINBED_SEED) if as_domainbed else None
+        order = torch.randperm(len(digits.labels), generator=shared or torch.Generator().manual_seed(self.DATA_SEED))
         n_envs = len(self.ENVIRONMENTS)
         for i, name in enumerate(self.ENVIRONMENTS):
             index = order[i::n_envs]
-            generator = torch.Generator().manual_seed(self.DATA_SEED * 1000 + i + 1)
+            generator = shared or torch.Generator().manual_seed(self.DATA_SEED * 1000 + i + 1)
             env = self.make_environment(digits.images[index], digits.labels[index], i, generator)
             env.name = name
             env.source_index = index
+            if as_domainbed:
+                env.divisor = 255.0
             self.environments.append(env)
 
     def make_environment(
@@ -281,6 +291,8 @@ class RotatedMNIST(MNISTDomains):
         from torchvision.transforms import InterpolationMode
         from torchvision.transforms.functional import rotate
 
+        if self.DOMAINBED_SEED is not None:
+            return Environment("", pil_rotated(images, self.ANGLES[env_index]), labels)
         x = rotate(
             images.unsqueeze(1),
             float(self.ANGLES[env_index]),
@@ -288,6 +300,18 @@ class RotatedMNIST(MNISTDomains):
             fill=[0.0],
         )
         return Environment("", x.to(torch.uint8), labels)
+
+
+def pil_rotated(images: torch.Tensor, angle: float) -> torch.Tensor:
+    """uint8 [N, 1, 28, 28]: each image rotated as a PIL image (bilinear, filled with 0), as DomainBed does."""
+    import numpy as np
+    from PIL import Image
+    from torchvision.transforms import InterpolationMode
+    from torchvision.transforms.functional import rotate
+
+    rotated = [np.asarray(rotate(Image.fromarray(image), angle, interpolation=InterpolationMode.BILINEAR, fill=(0,)))
+               for image in images.numpy()]
+    return torch.from_numpy(np.stack(rotated)).unsqueeze(1) if rotated else images.new_zeros((0, 1, 28, 28))
 
 
 def _bernoulli(p: float, n: int, generator: torch.Generator) -> torch.Tensor:

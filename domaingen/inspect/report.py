@@ -366,6 +366,8 @@ def build_report(sweep_dir: str | Path, output_dir: str | Path, selection: str =
         collection = collect(root)
     except DomaingenError:
         counts = _states(root)
+        if counts["done"]:
+            raise  # done runs that cannot be tabulated together (two protocols, mixed sources): say why
         message = (f"No finished run in {root} yet ({counts['incomplete']} incomplete, {counts['failed']} failed). "
                    "Rerun domaingen report when runs are done.")
         page.write_text(_page(title, [f"<p class='missing'>{html.escape(message)}</p>"], {"figures": {}}))

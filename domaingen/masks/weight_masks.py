@@ -22,7 +22,7 @@ from torch.autograd.function import once_differentiable
 
 from domaingen.errors import DomaingenError
 
-DEFAULT_INIT_LOGIT = 2.0  # sigmoid(2) = 0.881: weights start kept with high probability
+DEFAULT_INIT_LOGIT = 2.0  # sigmoid(2) = 0.881 (ours); Csordás et al. start at 0.9 = sigmoid(2.197)
 
 
 def _logistic_noise(like: torch.Tensor) -> torch.Tensor:

@@ -20,7 +20,12 @@ DomainBed's field names: `step`, `epoch`, the losses, `env{i}_in_acc`,
 the reason (NaN loss, exception). Rerunning the same command resumes an
 incomplete run from its last checkpoint with exactly the records an
 uninterrupted run would write; a done run is left alone; a directory holding a
-run with other arguments is refused.
+run with other arguments is refused. On CUDA a run sets deterministic cuDNN and
+`torch.use_deterministic_algorithms(True, warn_only=True)` (`devices.make_deterministic`),
+so this holds on a GPU too, except after an operation that has no deterministic CUDA
+kernel: torch warns with its name, and such a run may differ from an uninterrupted one
+in the last bits. Determinism costs some speed (cuDNN may not pick its fastest
+convolution); not yet measured on a GPU.
 
 ### Evaluated splits (`--eval_splits`)
 

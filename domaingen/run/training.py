@@ -22,12 +22,20 @@ from domaingen.run.eval_plan import DEFAULT_EVAL_SPLITS, LEGACY_EVAL_SPLITS, che
 from domaingen.run.evaluation import (CompiledPredict, autocast_context, eval_batch_size, evaluate, training_domains,
                                       validation_loss)
 from domaingen.hparams import apply_overrides, draw_hparams, parse_overrides, run_space, seed_hash
-from domaingen.devices import place_model, resolve_device
+from domaingen.devices import make_deterministic, place_model, resolve_device
 from domaingen.networks import check_backbone
 from domaingen.plugins import load_plugins, loaded_plugins, merge_specs, portable, split_specs
 from domaingen.run.precision import PRECISIONS, REQUESTED_PRECISIONS, resolve_precision
 from domaingen.run.loggers import RunLoggers, check_logger_names
 from domaingen.run.manifest import build_manifest, record_manifest, used_libraries
+from domaingen.run.protocol import (
+    DEFAULT_PROTOCOL,
+    DOMAINBED,
+    check_domainbed_problem,
+    check_protocol,
+    domainbed_run_seed,
+    draw_domainbed_hparams,
+)
 from domaingen.run.rundir import DONE_STATE, FAILED_STATE, LOG, RunDirectory
 
 log = logging.getLogger(__name__)
@@ -101,6 +109,7 @@ class TrainConfig:
     train_in_every: int | None = None  # selection: also the training envs' in splits at every k-th checkpoint
     plugins: Sequence[str] = ()  # modules to load first (see domaingen.plugins); args.json records every one loaded
     loggers: Sequence[str] = ()  # tensorboard, wandb (run.loggers); never recorded: they change no record
+    protocol: str = DEFAULT_PROTOCOL  # paired or domainbed (see run.protocol)
 
 
 @dataclass
@@ -142,6 +151,9 @@ def resolve(config: TrainConfig) -> ResolvedRun:
     config = canonical_names(config)
     dataset_cls = DATASETS.get(config.dataset)
     algorithm_cls = ALGORITHMS.get(config.algorithm)
+    protocol = check_protocol(config.protocol)
+    if protocol == DOMAINBED:
+        check_domainbed_problem(config.algorithm, config.dataset)
     test_envs = dataset_cls.resolve_test_envs(config.test_envs)
     loggers = check_logger_names(config.loggers)
     check_eval_splits(config.eval_splits, config.train_in_every)
@@ -160,7 +172,12 @@ def resolve(config: TrainConfig) -> ResolvedRun:
         raise DomaingenError(f"steps and checkpoint_freq must be positive, got {steps} and {freq}")
     space = run_space(config.dataset, dataset_cls, algorithm_cls)
     overrides = parse_overrides(config.hparams)
-    hparams = apply_overrides(draw_hparams(space, config.dataset, config.hparams_seed), overrides, space)
+    if protocol == DOMAINBED:
+        drawn = draw_domainbed_hparams(space, config.algorithm, algorithm_cls.hparam_space(), config.hparams_seed,
+                                       config.trial_seed)
+    else:
+        drawn = draw_hparams(space, config.dataset, config.hparams_seed)
+    hparams = apply_overrides(drawn, overrides, space)
     algorithm_cls.check_hparams(hparams)
     check_backbone(hparams)
     if getattr(algorithm_cls, "NEEDS_VALIDATION", False) and config.holdout_fraction == 0:
@@ -172,7 +189,10 @@ def resolve(config: TrainConfig) -> ResolvedRun:
     algorithm_cls.check_problem(num_train_domains, hparams, config.algorithm)
     seed = config.seed
     if seed is None:
-        seed = run_seed(config.dataset, config.algorithm, test_envs, config.hparams_seed, config.trial_seed)
+        seed_of = domainbed_run_seed if protocol == DOMAINBED else run_seed
+        seed = seed_of(config.dataset, config.algorithm, test_envs, config.hparams_seed, config.trial_seed)
+    if protocol == DOMAINBED:
+        dataset_cls = dataset_cls.built_as_domainbed(int(seed))
     args = dataclasses.asdict(config)
     del args["loggers"]
     args.update(
@@ -192,6 +212,18 @@ def resolve(config: TrainConfig) -> ResolvedRun:
 
 # Part of a run's identity, but checked on their own: a resumed run keeps what it started with
 EVAL_ARGS = ("eval_splits", "train_in_every")
+OWN_CHECKS = (*EVAL_ARGS, "protocol")
+
+
+def _check_protocol(run: ResolvedRun, config: TrainConfig, stored: Mapping[str, Any] | None) -> None:
+    """A run resumes under the protocol it started with (a run recorded without one was `paired`)."""
+    if stored is None:
+        return
+    started = stored.get("protocol", DEFAULT_PROTOCOL)
+    if started != run.args["protocol"]:
+        raise RunDirectoryError(
+            f"{config.output_dir} holds a run of protocol {started!r}, not {run.args['protocol']!r}; "
+            f"resume it with --protocol {started} or choose another --output_dir")
 
 
 def _keep_eval_splits(run: ResolvedRun, config: TrainConfig, stored: Mapping[str, Any] | None) -> None:
@@ -249,13 +281,17 @@ def train(config: TrainConfig, dataset_cache: DatasetCache | None = None) -> Run
     run = resolve(config)
     rundir = RunDirectory(config.output_dir)
     _keep_eval_splits(run, config, rundir.read_args())
-    rundir.check_identity(run.identity(), [k for k in run.identity() if k not in EVAL_ARGS])
+    _check_protocol(run, config, rundir.read_args())
+    rundir.check_identity(run.identity(), [k for k in run.identity() if k not in OWN_CHECKS])
     if rundir.state() == DONE_STATE:
         message = f"{rundir.path} is already done; nothing to do"
         log.info(message)
         return RunOutcome(DONE_STATE, str(rundir.path), rundir.records(), message)
     device = resolve_device(config.device)
+    make_deterministic(device)
     run.args["resolved_precision"] = _run_precision(rundir, config.precision, device)
+    if run.dataset_cls.DOMAINBED_SEED is not None:
+        dataset_cache = None  # built for this run's seed alone: nothing another job could reuse
     if dataset_cache is not None:
         dataset = dataset_cache.dataset(config.dataset, run.dataset_cls, run.args["data_dir"], run.args["test_envs"],
                                         run.hparams)
@@ -350,6 +386,7 @@ def _steps(run: ResolvedRun, dataset: MultiDomainDataset, device: torch.device, 
                                   env_domains=env_domains, predict=predict, only=evaluated)
             if averaging and step != args["steps"] - 1:  # SWAD before its end: the live model, under other names
                 accuracies = {f"live_{k}": v for k, v in accuracies.items()}
+            dataset.eval_round = step
             record = {
                 "step": step,
                 "epoch": step / steps_per_epoch,

@@ -20,7 +20,13 @@ a relaunch (with the same `--parts`) and `collect` see nothing of the others (e.
 `--spec sweeps/modreg_table1.toml --parts 2` is its MLP R-MNIST rows alone). Each job's directory is a hash of its arguments: relaunching skips
 done jobs, resumes incomplete ones and leaves failed ones alone unless
 `--retry_failed`. A sweep directory records its spec and refuses another one
-unless `--force`. `--order trial` launches every job of trial 0 first, then trial 1, ...
+unless `--force`. `protocol` (`--protocol`; default `paired`) chooses the experiment
+(domaingen.run.protocol): `domainbed` is DomainBed's (a new hyperparameter draw per trial,
+DomainBed's run seeds, MNIST environments rebuilt per run, image validation splits
+augmented), for the algorithms and datasets DomainBed has; `sweeps/domainbed_mnist.toml` is
+its MNIST sweep. Paired jobs keep the ids they had before protocols existed; a sweep
+directory holds one protocol, and a relaunch under another is refused, `--force` or not.
+`--order trial` launches every job of trial 0 first, then trial 1, ...
 (default `spec`: the spec's order): a long sweep stopped early then leaves every
 algorithm with the same finished trials, and `collect` counts the missing runs.
 To stop a local or parallel sweep, press Ctrl-C or send its launcher SIGTERM (`kill`,

@@ -31,6 +31,7 @@ from domaingen.plugins import load_plugins, merge_specs
 from domaingen.run.runlock import is_locked
 from domaingen.run.rundir import DONE_STATE, FAILED_STATE, INCOMPLETE, NOT_LAUNCHED, RunDirectory, atomic_write_bytes
 from domaingen.run.precision import REQUESTED_PRECISIONS
+from domaingen.run.protocol import DEFAULT_PROTOCOL, DOMAINBED, PROTOCOLS, check_domainbed_problem
 from domaingen.run.training import NON_IDENTITY_ARGS, TrainConfig
 
 SPEC_FILE = "sweep.json"
@@ -63,6 +64,7 @@ class SweepSpec:
     parts: list[dict[str, Any]] = field(default_factory=list)
     # plugin modules the jobs load (domaingen.plugins); not part of the sweep's identity
     plugins: list[str] = field(default_factory=list)
+    protocol: str = DEFAULT_PROTOCOL  # paired or domainbed (domaingen.run.protocol)
 
     def sub_specs(self) -> list["SweepSpec"]:
         """The parts as complete specs (a spec without parts is its own single part)."""
@@ -121,6 +123,14 @@ def parse_spec(data: Mapping[str, Any], source: str = "spec") -> SweepSpec:
         check_eval_splits(data.get("eval_splits"), data.get("train_in_every"))
     except DomaingenError as exc:
         raise SpecError(f"{source}: {exc}") from None
+    if "protocol" in data and data["protocol"] not in PROTOCOLS:
+        raise SpecError(f"{source}: 'protocol' must be one of {', '.join(PROTOCOLS)}, got {data['protocol']!r}")
+    if data.get("protocol") == DOMAINBED:
+        for algorithm, dataset in itertools.product(data["algorithms"], data["datasets"]):
+            try:
+                check_domainbed_problem(algorithm, dataset)
+            except DomaingenError as exc:
+                raise SpecError(f"{source}: {exc}") from None
     if "holdout_fraction" in data:
         _expect("holdout_fraction", data["holdout_fraction"], (int, float), "a number in [0, 1)")
     if data.get("test_envs") is not None:
@@ -306,6 +316,8 @@ def build_jobs(spec: SweepSpec) -> list[Job]:
                 # set only when asked for, so that the ids of sweeps launched before these keys existed stay
                 args.update({k: getattr(spec, k) for k in ("eval_splits", "train_in_every")
                              if getattr(spec, k) is not None})
+                if spec.protocol != DEFAULT_PROTOCOL:  # paired jobs keep the ids they had before protocols
+                    args["protocol"] = spec.protocol
                 jobs.append(Job(job_id(args), args))
     if not jobs:
         raise SpecError("the sweep has no jobs; check algorithms, datasets and test_envs")
@@ -333,7 +345,14 @@ def prepare_sweep_dir(sweep_dir: str | os.PathLike, spec: SweepSpec, force: bool
     if not os.access(path, os.W_OK):
         raise DomaingenError(f"output_dir {path} is not writable; choose another --output_dir")
     recorded = read_recorded_spec(path)
+    if recorded is not None:
+        recorded.setdefault("protocol", DEFAULT_PROTOCOL)  # a sweep launched before protocols existed was paired
     wanted = spec.canonical()
+    if recorded is not None and recorded["protocol"] != wanted["protocol"]:
+        raise DomaingenError(
+            f"{path} holds a sweep of protocol {recorded['protocol']!r}, not {wanted['protocol']!r}; "
+            f"relaunch it with --protocol {recorded['protocol']}, or use another --output_dir"
+        )
     # a key the recorded spec lacks reads as None: a spec written before the key existed is the same spec;
     # the plugins loaded may differ between launches (an entry point installed since); they accumulate
     changed = sorted(k for k in set(recorded or {}) | set(wanted) if k != "plugins" and (recorded or {}).get(k) != wanted.get(k))
@@ -388,7 +407,7 @@ def train_command(job: Job, sweep_dir: str | os.PathLike, data_dir: str | None, 
         "--precision", a["precision"],
         "--output_dir", str(job.directory(sweep_dir)),
     ]
-    for key in ("eval_splits", "train_in_every"):
+    for key in ("eval_splits", "train_in_every", "protocol"):
         if a.get(key) is not None:
             parts += [f"--{key}", str(a[key])]
     if a["hparams"]:

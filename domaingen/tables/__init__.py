@@ -184,6 +184,14 @@ checkpoint winning ties) matched 34, 158 and 24 of them.
   refuses with one line (exit 2), because a table from the 5,000-digit sample would
   otherwise look like one from full MNIST; `--allow_mixed_sources` tabulates them
   together and the caption names every source, marked `(mixed)`.
+- **Protocol.** Every record names the experiment its run followed (`protocol`, see
+  domaingen.run.protocol: `paired`, or `domainbed`, DomainBed's; a domaingen run recorded
+  without one read as `paired`, a run DomainBed wrote as `domainbed`). Captions say it
+  after the data source (`(data: MNIST-70000; protocol: paired)`), the Markdown footnote
+  says what the trials of its cells share, the CSV has a `protocol` column. A table holds
+  one protocol: `collect` over a directory with runs of two refuses with one line (exit 2)
+  naming the `--protocol NAME` that reads one, and `--versus` refuses two sweeps of
+  different protocols (their runs are no twins).
 - **Columns are what was swept.** A table has a column for each environment some run
   held out (done, failed or unfinished), so a sweep holding out only -90% (the IRM
   paper's protocol) gets a -90% column and nothing else. `Avg` appears only with two

@@ -3,7 +3,10 @@
 Only runs with a `done` marker count. Output directories written by DomainBed
 itself (same results.jsonl field names and `done` marker) are read the same way.
 Each record's `data_source` (where its examples came from) becomes a column;
-records written before runs recorded it read as "unknown".
+records written before runs recorded it read as "unknown". So does its `protocol`
+(domaingen.run.protocol): a domaingen run recorded without one was `paired`, a run
+DomainBed wrote is `domainbed`. One collection holds one protocol: `collect` refuses
+a directory that mixes them unless told which to read.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import pandas as pd
 from domaingen.errors import DomaingenError
 from domaingen.networks import describe_backbone
 from domaingen.run.manifest import read_manifest
+from domaingen.run.protocol import DEFAULT_PROTOCOL, DOMAINBED, check_protocol
 from domaingen.run.rundir import DONE, FAILED, RESULTS, read_jsonl
 
 log = logging.getLogger(__name__)
@@ -43,6 +47,18 @@ class Collection:
     runs: pd.DataFrame = field(default_factory=pd.DataFrame)  # one row per run dir, with its state
     manifests: dict[str, dict | None] = field(default_factory=dict)  # done run -> its manifest.json (None: none)
     bundle: dict | None = None  # the bundle.json when read from a bundle (tables.export)
+    protocol: str = DEFAULT_PROTOCOL  # the protocol every record followed
+
+
+# Arguments only DomainBed's train.py records: a run without `protocol` that has one is DomainBed's own.
+DOMAINBED_ONLY_ARGS = ("uda_holdout_fraction", "skip_model_save", "task")
+
+
+def run_protocol(args: dict) -> str:
+    """The protocol a run followed, from its recorded arguments."""
+    if "protocol" in args:
+        return str(args["protocol"])
+    return DOMAINBED if any(key in args for key in DOMAINBED_ONLY_ARGS) else DEFAULT_PROTOCOL
 
 
 def _run_dirs(input_dir: Path) -> list[Path]:
@@ -67,6 +83,7 @@ def _flatten(record: dict, run: str) -> dict | None:
     row["data_source"] = record.get("data_source") or args.get("data_source") or UNKNOWN_SOURCE
     hparams = record.get("hparams")
     row["backbone"] = describe_backbone(hparams) if isinstance(hparams, dict) else None
+    row["protocol"] = run_protocol(args)
     return row
 
 
@@ -97,14 +114,16 @@ def _run_row(path: Path, state: str, first: dict | None) -> dict:
         "test_envs": tuple(sorted(args.get("test_envs", ()))),
         "hparams_seed": args.get("hparams_seed"),
         "trial_seed": args.get("trial_seed"),
+        "protocol": run_protocol(args) if args else None,
     }
 
 
-def collect(input_dir: str | os.PathLike, allow_mixed_sources: bool = False) -> Collection:
+def collect(input_dir: str | os.PathLike, allow_mixed_sources: bool = False, protocol: str | None = None) -> Collection:
     """Every record of every done run under `input_dir` (one level deep, or the dir itself).
 
     Raises DomaingenError when one dataset's runs come from different data sources
-    (check_data_sources), unless `allow_mixed_sources`.
+    (check_data_sources), unless `allow_mixed_sources`, and when the runs followed
+    different protocols, unless `protocol` names the one to keep.
     """
     root = Path(input_dir)
     if not root.is_dir():
@@ -134,10 +153,36 @@ def collect(input_dir: str | os.PathLike, allow_mixed_sources: bool = False) -> 
             f"no finished runs in {root} (found {len(failed)} failed, {len(incomplete)} incomplete); "
             "launch or resume the sweep first (domaingen sweep launch)"
         )
-    records = pd.DataFrame(rows)
+    collection = only_protocol(Collection(pd.DataFrame(rows), failed, incomplete, pd.DataFrame(run_rows), manifests),
+                               protocol, str(root))
     if not allow_mixed_sources:
-        check_data_sources(records)
-    return Collection(records, failed, incomplete, pd.DataFrame(run_rows), manifests)
+        check_data_sources(collection.records)
+    return collection
+
+
+def only_protocol(collection: Collection, protocol: str | None, where: str) -> Collection:
+    """The runs of one protocol: `protocol`, else the only one present (two or more is an error)."""
+    present = collection.records.groupby("protocol")["run"].nunique()
+    if protocol is None:
+        if len(present) > 1:
+            listing = " and ".join(f"{name} ({n} runs)" for name, n in present.items())
+            choices = " or ".join(f"--protocol {name}" for name in present.index)
+            raise DomaingenError(f"{where} holds runs of two protocols, {listing}; a table holds one: "
+                                 f"collect with {choices}")
+        collection.protocol = str(present.index[0])
+        return collection
+    check_protocol(protocol)
+    if protocol not in present:
+        raise DomaingenError(f"--protocol {protocol}: no finished run of that protocol in {where} "
+                             f"(its protocols: {', '.join(present.index)})")
+    records = collection.records[collection.records["protocol"] == protocol].reset_index(drop=True)
+    runs = collection.runs
+    if len(runs):
+        runs = runs[(runs["protocol"] == protocol) | runs["protocol"].isna()].reset_index(drop=True)
+    kept = set(runs["run"]) if len(runs) else set()
+    return Collection(records, [(r, why) for r, why in collection.failed if r in kept],
+                      [r for r in collection.incomplete if r in kept], runs,
+                      {run: m for run, m in collection.manifests.items() if run in kept}, collection.bundle, protocol)
 
 
 def only_datasets(collection: Collection, datasets: Sequence[str], where: str) -> Collection:
@@ -162,7 +207,7 @@ def only_datasets(collection: Collection, datasets: Sequence[str], where: str) -
                              f"({len(kept)} runs of them, none done); launch or resume the sweep first")
     return Collection(records, [(run, why) for run, why in collection.failed if run in kept],
                       [run for run in collection.incomplete if run in kept], runs.reset_index(drop=True),
-                      {run: m for run, m in collection.manifests.items() if run in kept}, collection.bundle)
+                      {run: m for run, m in collection.manifests.items() if run in kept}, collection.bundle, collection.protocol)
 
 
 def data_sources(records: pd.DataFrame) -> list[str]:

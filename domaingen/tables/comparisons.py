@@ -98,7 +98,7 @@ def paired_tables(tables: Sequence[Table], pairs: Sequence[tuple[str, str]]) -> 
         dataset, method, _ = table.key.split("/")
         title = table.title.replace(": test accuracy,", ": paired differences of test accuracy (same trial_seed),", 1)
         out.append(Table(title, f"{dataset}/{method}/paired", columns, rows, data_source=table.data_source,
-                         hparams_choice=table.hparams_choice))
+                         hparams_choice=table.hparams_choice, protocol=table.protocol))
     if not out and not pairs:
         raise DomaingenError("--paired found no composed algorithm X+Y beside its base X; name pairs as ALGORITHM:BASE")
     return out
@@ -145,7 +145,7 @@ def field_tables(tables: Sequence[Table], records: pd.DataFrame, patterns: Seque
         dataset, method, _ = table.key.split("/")
         title = table.title.replace(": test accuracy,", ": recorded fields at the selected checkpoint,", 1)
         out.append(Table(title, f"{dataset}/{method}/fields", columns, rows, data_source=table.data_source,
-                         hparams_choice=table.hparams_choice))
+                         hparams_choice=table.hparams_choice, protocol=table.protocol))
     return out
 
 
@@ -184,7 +184,7 @@ def versus_tables(tables_a: Sequence[Table], tables_b: Sequence[Table], label_a:
         title = table.title.replace(": test accuracy,", f": test accuracy, {label_a} against {label_b} "
                                     "(differences paired by trial_seed),", 1)
         out.append(Table(title, f"{dataset}/{method}/versus", columns, rows, data_source=table.data_source,
-                         hparams_choice=table.hparams_choice))
+                         hparams_choice=table.hparams_choice, protocol=table.protocol))
     if not out:
         raise DomaingenError(f"{label_a} and {label_b} have no algorithm and held-out environment in common")
     return out

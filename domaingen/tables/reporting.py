@@ -33,6 +33,7 @@ from tabulate import tabulate
 from domaingen.tables.collect import Collection, RunGrid, data_sources, expand_modes, n_environments
 from domaingen.datasets import DATASETS
 from domaingen.tables.provenance import mixed_versions_note
+from domaingen.run.protocol import PROTOCOL_NOTES
 from domaingen.tables.reference import reference_rows
 from domaingen.tables.selection import HPARAMS_CHOICE_TITLES, METHOD_TITLES, check_hparams_choice, select
 from domaingen.tables.wilds_selection import WILDS_PREFIX, wilds_metric_columns, wilds_select
@@ -165,9 +166,11 @@ class Table:
     data_source: str = ""
     hparams_choice: str = "per_trial"
     references: dict[tuple[str, str], list[ReferenceCell]] = field(default_factory=dict)  # (algorithm, source)
+    protocol: str = ""  # the experiment its runs followed (domaingen.run.protocol)
 
     def caption(self) -> str:
-        return f"{self.title} (data: {self.data_source})" if self.data_source else self.title
+        notes = [f"data: {self.data_source}"] * bool(self.data_source) + [f"protocol: {self.protocol}"] * bool(self.protocol)
+        return f"{self.title} ({'; '.join(notes)})" if notes else self.title
 
 
 def environment_names(dataset: str, n_envs: int) -> list[str]:
@@ -426,6 +429,8 @@ def build_tables(
         tables += [averages] if averages is not None else []
         tables += indomain_tables
     tables += wilds_tables(collection)
+    for table in tables:
+        table.protocol = collection.protocol
     if reference is not None:
         for table in tables:
             add_reference_rows(table, reference)
@@ -460,7 +465,7 @@ def to_markdown(tables: Sequence[Table], collection: Collection, show_n: bool = 
         out.write("\n" if table_marks(table) else "")
         note = mixed_versions_note(collection, table.key.split("/")[0])
         out.write(f"{note}\n\n" if note else "")
-    out.write(error_note(error, tables) + "\n")
+    out.write(error_note(error, tables, protocol=collection.protocol) + "\n")
     out.write(_footer(collection))
     return out.getvalue()
 
@@ -482,10 +487,15 @@ def trial_counts(tables: Sequence[Table]) -> str:
     return f"n = {counts[0]} to {counts[-1]} trials per cell (--show_trials prints each cell's n)"
 
 
-def error_note(error: str, tables: Sequence[Table] = (), averages: bool = True) -> str:
-    """One line saying what a cell's ± is, over how many trials, and (`averages`) what Avg columns are."""
+def error_note(error: str, tables: Sequence[Table] = (), averages: bool = True, protocol: str | None = None) -> str:
+    """One line saying what a cell's ± is, over how many trials, (`averages`) what Avg columns are
+    and, given `protocol`, what its trials share."""
     trials = f"; {trial_counts(tables)}" if tables else ""
-    return ERROR_TITLES[error] + trials + ("; Avg columns: the mean of the column means, without ±." if averages else "")
+    note = ERROR_TITLES[error] + trials + ("; Avg columns: the mean of the column means, without ±." if averages else "")
+    if protocol not in PROTOCOL_NOTES:
+        return note
+    text = PROTOCOL_NOTES[protocol]
+    return f"{note} {text[0].upper()}{text[1:]}."
 
 
 def done_runs(count: int) -> str:
@@ -660,7 +670,7 @@ def to_csv(tables: Sequence[Table], error: str = "domainbed") -> str:
     `note` (why a cell is empty, or what an average covers), per trial, `;`-joined
     in trial order: `trial_seeds`, `hparams_seeds`, `steps`, `runs` (the selected
     run directories) and `values` (each trial's number, unrounded), and `data_source`,
-    the runs' data source; `marks` (MARKS' symbols, as the other formats print them),
+    the runs' data source; `protocol`, the experiment they followed; `marks` (MARKS' symbols, as the other formats print them),
     `step0_trials` and `tied_trials` (trials that selected step 0, trials whose
     candidates all tied; the `note` says it in words) and `error_definition` (what
     `error` is, the same words as the other formats). Rows of published
@@ -696,6 +706,7 @@ def to_csv(tables: Sequence[Table], error: str = "domainbed") -> str:
                         "runs": _joined(cell, "run"),
                         "values": ";".join(repr(float(v)) for v in cell.values),
                         "data_source": table.data_source,
+                        "protocol": table.protocol,
                         "source": "",
                         "published_error": None,
                     }

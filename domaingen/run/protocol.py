@@ -1,0 +1,164 @@
+"""Protocols: which experiment a run belongs to (`--protocol`, the spec key `protocol`).
+
+`paired` (the default) is domaingen's experiment: a hyperparameter draw depends on
+(dataset, hparams_seed, name), so the trials of a draw share its values and two
+algorithms share the values of the names they have in common; MNIST environments are
+built once from a fixed dataset seed; validation splits are evaluated with the plain
+evaluation transform. Its trials therefore share draws and environments, and its error
+bars measure what changes between trials: splits, weights and minibatches.
+
+`domainbed` is DomainBed's experiment (its sweep and train scripts at HEAD b93c22a):
+
+- hyperparameters: each name draws from its own `numpy.random.RandomState` seeded by
+  DomainBed's hash of (DomainBed's hash of (hparams_seed, trial_seed), name), so every
+  trial is a new draw; hparams_seed 0 gives DomainBed's defaults. The distributions are
+  the algorithms' and datasets' own declarations (which use DomainBed's names and
+  distributions); the table below holds only what a declaration cannot say: which names
+  DomainBed draws for an algorithm, its defaults where ours differ, and its names that
+  have no counterpart here;
+- the run's seed is DomainBed's: its hash of (dataset, algorithm, test_envs,
+  hparams_seed, trial_seed), with DomainBed's dataset name;
+- datasets are built as DomainBed builds them from that seed (`DOMAINBED_SEED` on the
+  dataset class): MNIST environments are reshuffled, coloured and rotated per run; image
+  datasets evaluate the splits of training environments through the training augmentation;
+- everything else (splits, selection, error bars, checkpoints, resume) as in `paired`.
+
+The domainbed protocol is defined only for the algorithms and datasets DomainBed has;
+any other is refused before a run writes anything (run it under `paired`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from domaingen.errors import DomaingenError
+from domaingen.hparams import HParam, HParamError
+
+PAIRED = "paired"
+DOMAINBED = "domainbed"
+PROTOCOLS = (PAIRED, DOMAINBED)
+DEFAULT_PROTOCOL = PAIRED
+
+# What a table's footnote says about the protocol its runs followed.
+PROTOCOL_NOTES = {
+    PAIRED: "protocol paired: the trials of a draw share its hyperparameters and the environments "
+            "(built once); trials differ in their splits, weights and minibatches",
+    DOMAINBED: "protocol domainbed: every trial draws its own hyperparameters and rebuilds the environments "
+               "from its seed, as DomainBed's sweep does",
+}
+
+# --- DomainBed's facts (HEAD b93c22a), as data --------------------------------------------------
+
+# domainbed/algorithms.py ALGORITHMS
+DOMAINBED_ALGORITHMS = (
+    "ERM", "ERMPlusPlus", "Fish", "IRM", "GroupDRO", "Mixup", "MLDG", "CORAL", "MMD", "DANN", "CDANN", "MTL",
+    "SagNet", "ARM", "VREx", "RSC", "SD", "ANDMask", "SANDMask", "IGA", "SelfReg", "Fishr", "TRM", "IB_ERM",
+    "IB_IRM", "CAD", "CondCAD", "Transfer", "CausIRL_CORAL", "CausIRL_MMD", "EQRM", "RDM", "ADRMX", "URM",
+)
+
+# our dataset name -> DomainBed's (domainbed/datasets.py DATASETS); it enters the run's seed
+DOMAINBED_DATASETS = {
+    "ColoredMNIST": "ColoredMNIST", "RotatedMNIST": "RotatedMNIST", "VLCS": "VLCS", "PACS": "PACS",
+    "OfficeHome": "OfficeHome", "TerraIncognita": "TerraIncognita", "DomainNet": "DomainNet",
+    "Camelyon17": "WILDSCamelyon", "FMoW": "WILDSFMoW",
+}
+
+# Names DomainBed's registry draws for every algorithm (where our space has them).
+EVERY_ALGORITHM = ("lr", "weight_decay", "batch_size", "resnet_dropout", "vit_dropout", "nonlinear_classifier")
+
+# Names DomainBed draws in an algorithm's own block that our datasets declare for every
+# algorithm (an algorithm's own HPARAMS are drawn anyway).
+ALGORITHM_EXTRAS: dict[str, tuple[str, ...]] = {
+    "DANN": ("mlp_width", "mlp_depth", "mlp_dropout"),
+    "CDANN": ("mlp_width", "mlp_depth", "mlp_dropout"),
+    "ADRMX": ("mlp_width", "mlp_depth", "mlp_dropout"),
+}
+
+# DomainBed's default where our declaration's differs: (algorithm, name) -> value.
+DEFAULTS: dict[tuple[str, str], Any] = {
+    # ours is 0.5: |mean sign| never exceeds 1, so at tau = 1 every mask element is 0 and nothing trains
+    ("SANDMask", "tau"): 1.0,
+}
+
+# Names both have whose value we keep under this protocol too, and why.
+KEPT: dict[str, str] = {
+    "freeze_bn": "DomainBed HEAD defaults to False (BatchNorm statistics update); the published tables "
+                 "(2021 code) froze them, as our default does",
+}
+
+# DomainBed's names with no counterpart here, and why none is needed.
+DOMAINBED_ONLY: dict[str, str] = {
+    "data_augmentation": "True: image datasets always train through the augmentation",
+    "resnet18": "False: our `backbone` is resnet50 unless set",
+    "resnet50_augmix": "True at HEAD (AugMix ResNet-50 weights); the published tables used ImageNet weights, as we do",
+    "dinov2": "False: no DINOv2 backbone",
+    "vit": "False: no ViT backbone",
+    "vit_attn_tune": "False: no ViT backbone",
+    "vit_dropout": "drawn, used only by the ViT backbone",
+    "lars": "False: no LARS optimizer",
+    "linear_steps": "500: used only by ERMPlusPlus",
+    "class_balanced": "False: no class-balanced sampling",
+    "nonlinear_classifier": "False: its random choice is [False, False]",
+    "resnet_dropout": "drawn, used only by the ResNet featurizer (absent from digit datasets)",
+}
+
+
+class ProtocolError(DomaingenError):
+    """A protocol that cannot be used for this run."""
+
+
+def check_protocol(name: str) -> str:
+    """`name` if it is a protocol, else a one-line error listing them."""
+    if name not in PROTOCOLS:
+        raise ProtocolError(f"unknown protocol {name!r}; choose one of: {', '.join(PROTOCOLS)}")
+    return name
+
+
+def check_domainbed_problem(algorithm: str, dataset: str) -> None:
+    """Refuse an algorithm or dataset DomainBed does not have (its experiment is undefined there)."""
+    if algorithm not in DOMAINBED_ALGORITHMS:
+        raise ProtocolError(
+            f"--protocol domainbed: DomainBed has no algorithm {algorithm!r}; run it with --protocol paired")
+    if dataset not in DOMAINBED_DATASETS:
+        raise ProtocolError(
+            f"--protocol domainbed: DomainBed has no dataset {dataset!r}; run it with --protocol paired")
+
+
+def domainbed_seed_hash(*parts: Any) -> int:
+    """DomainBed's seed from values: the MD5 of the tuple's Python repr, modulo 2**31."""
+    return int(hashlib.md5(str(tuple(parts)).encode("utf-8")).hexdigest(), 16) % (2**31)
+
+
+def domainbed_run_seed(dataset: str, algorithm: str, test_envs: Sequence[int], hparams_seed: int,
+                       trial_seed: int) -> int:
+    """The `seed` DomainBed's sweep gives the run (weights, minibatches and, for MNIST, the environments)."""
+    return domainbed_seed_hash(DOMAINBED_DATASETS[dataset], algorithm, [int(e) for e in test_envs],
+                               int(hparams_seed), int(trial_seed))
+
+
+def domainbed_drawn_names(algorithm: str, algorithm_space: Mapping[str, HParam]) -> set[str]:
+    """The names DomainBed draws for `algorithm`: every algorithm's, its own declarations', its extras."""
+    return {*EVERY_ALGORITHM, *algorithm_space, *ALGORITHM_EXTRAS.get(algorithm, ())} - set(KEPT)
+
+
+def draw_domainbed_hparams(space: Mapping[str, HParam], algorithm: str, algorithm_space: Mapping[str, HParam],
+                           hparams_seed: int, trial_seed: int) -> dict[str, Any]:
+    """One run's hyperparameters as DomainBed's registry draws them (`space` resolved for the dataset).
+
+    hparams_seed 0: DomainBed's defaults. Otherwise every name DomainBed draws for the
+    algorithm comes from its own RandomState; the others keep their default.
+    """
+    if hparams_seed < 0:
+        raise HParamError(f"hparams_seed must be >= 0, got {hparams_seed}")
+    drawn = domainbed_drawn_names(algorithm, algorithm_space)
+    run_seed = domainbed_seed_hash(int(hparams_seed), int(trial_seed))
+    values: dict[str, Any] = {}
+    for name, hp in space.items():
+        if hparams_seed > 0 and hp.sampler is not None and name in drawn:
+            values[name] = hp.sampler(np.random.RandomState(domainbed_seed_hash(run_seed, name)))
+        else:
+            values[name] = DEFAULTS.get((algorithm, name), hp.default)
+    return values
