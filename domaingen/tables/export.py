@@ -154,15 +154,18 @@ def export_bundle(input_dir: str | os.PathLike, output: str | os.PathLike, colle
     name = output.stem
     members: dict[str, Path] = {}
     runs_info: dict[str, Any] = {}
-    for run, steps in sorted(chosen.items()):
+    # every done run's small files (the candidates selection compared, so the tables, their
+    # tie marks included, come out the same from the bundle), weights of the chosen runs only
+    for run in sorted(set(collection.records["run"].astype(str)) | set(chosen)):
         run_dir = source / run
         files = [f for f in RUN_FILES if (run_dir / f).exists()]
-        if weights:
+        if run in chosen and weights:
             selected_step = int(training_steps[run]) if run in training_steps.index else None
-            files += _weights_for(run_dir, steps, int(last_steps.get(run, -1)), selected_step)
+            files += _weights_for(run_dir, chosen[run], int(last_steps.get(run, -1)), selected_step)
         for f in files:
             members[f"{RUNS}/{run}/{f}"] = run_dir / f
-        runs_info[run] = {"chosen_by": steps}
+        if run in chosen:
+            runs_info[run] = {"chosen_by": chosen[run]}
     if (source / "sweep.json").exists():
         members["sweep.json"] = source / "sweep.json"
     info = {
