@@ -160,8 +160,8 @@ def test_pytest_pyargs_domaingen_testing_checks_the_plugin(tmp_path):
                            "domaingen.testing", "-k", "equal_seeds or builds_updates_and_predicts and 64"],
                           cwd=tmp_path, env=environment, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-2000:]
-    # LabelSmoothing and LabelSmoothing+ModReg (the plugin's algorithm and its composition), 2 checks each
-    assert "4 passed" in done.stdout
+    # LabelSmoothing and its compositions (+EMA, +ModReg, +SWAD), 2 checks each
+    assert "8 passed" in done.stdout
     assert "test_generic_check[LabelSmoothing-" in subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--collect-only", "--pyargs",
          "domaingen.testing"], cwd=tmp_path, env=environment, capture_output=True, text=True, timeout=600).stdout
