@@ -147,7 +147,7 @@ def test_a_damaged_zip_is_refused_before_extraction(tmp_path):
 
 def test_wilds_download_without_wilds_says_how_to_install(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "wilds", None)  # makes `import wilds` raise ImportError
-    with pytest.raises(DomaingenError, match=r"pip install 'domaingen\[wilds\]'"):
+    with pytest.raises(DomaingenError, match=r"pip install 'domaingen-bench\[wilds\]'"):
         dl.download("camelyon17", str(tmp_path))
 
 

@@ -106,7 +106,7 @@ def test_official_splits_record_wilds_metrics(data_dir, tmp_path, name, metric, 
 
 def test_official_splits_need_the_wilds_package(data_dir, monkeypatch):
     monkeypatch.setattr(wilds_module, "wilds_installed", lambda: False)
-    with pytest.raises(DomaingenError, match=r"pip install 'domaingen\[wilds\]'"):
+    with pytest.raises(DomaingenError, match=r"pip install 'domaingen-bench\[wilds\]'"):
         DATASETS.get("Camelyon17Official")(str(data_dir), [1, 2, 3], SMALL)
 
 
@@ -158,6 +158,7 @@ def test_collect_tabulates_wilds_metrics_selected_on_the_ood_validation_split(da
         key = "wilds_" + column.replace(" ", "_", 1)
         assert cell.values == [best[0][key], best[1][key]]
     assert table.caption() == ("FMoWOfficial: WILDS' metrics of the OOD test split, selected per trial on "
-                               "val_acc_worst_region (data: fmow_v1.1-30 (wilds reader); protocol: paired)")
+                               "val_acc_worst_region (data: fmow_v1.1-30 (wilds reader); backbone resnet18, BatchNorm frozen; "
+                               "protocol: paired)")
     assert "### FMoWOfficial: WILDS' metrics" in to_markdown(tables, collection)
     assert "test acc_worst_region" in to_csv(tables)
