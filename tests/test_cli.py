@@ -48,7 +48,7 @@ def replace_flag(argv: list[str], flag: str, value: str) -> list[str]:
 
 BAD_INPUTS = [
     ("--algorithm", "ERN", "unknown algorithm 'ERN'; did you mean 'ERM'? valid algorithms: "),
-    ("--algorithm", "QuantumSmoothing", "(one of your own: load its module with --plugins MODULE)"),
+    ("--algorithm", "Zyzzyva", "(one of your own: load its module with --plugins MODULE)"),
     ("--dataset", "CMNIST", "unknown dataset 'CMNIST'; did you mean 'ColoredMNIST'? valid datasets: ColoredMNIST, "
                             "IRMColoredMNIST, RotatedMNIST"),
     ("--test_envs", "-95%", "unknown test environment '-95%' of ColoredMNIST; give an index or a name: "
