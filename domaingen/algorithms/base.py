@@ -269,3 +269,19 @@ def split_by_env(logits: torch.Tensor, minibatches: Minibatches) -> list[tuple[t
     """(logits, labels) per environment, from one forward pass over the concatenated minibatches."""
     labels = [y for _, y in minibatches]
     return list(zip(torch.split(logits, [len(y) for y in labels]), labels))
+
+
+def environment_gradients(
+    algorithm: FeaturizerClassifier, minibatches: Minibatches
+) -> tuple[list[torch.Tensor], list[tuple[torch.Tensor, ...]], float]:
+    """(trainable parameters, each environment's gradient of its loss + the regularization terms,
+    the sum of the environments' losses): what gradient-masking methods (ANDMask, SANDMask) combine.
+    The regularization enters every environment's gradient, so a mask sees it too."""
+    params = [p for p in algorithm.network.parameters() if p.requires_grad]
+    per_env: list[tuple[torch.Tensor, ...]] = []
+    total = 0.0
+    for x, y in minibatches:
+        loss = classification_loss(algorithm.predict(x), y)
+        per_env.append(torch.autograd.grad(loss + algorithm.regularization(), params))
+        total += loss.item()
+    return params, per_env, total

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import torch
-from domaingen.algorithms.base import ALGORITHMS, FeaturizerClassifier, Minibatches, classification_loss
+from domaingen.algorithms.base import environment_gradients, ALGORITHMS, FeaturizerClassifier, Minibatches
 from domaingen.hparams import HParam, log_uniform, uniform
 
 
@@ -39,14 +39,7 @@ class SANDMask(FeaturizerClassifier):
     }
 
     def update(self, minibatches: Minibatches) -> dict[str, float]:
-        params = [p for p in self.network.parameters() if p.requires_grad]
-        per_env: list[tuple[torch.Tensor, ...]] = []
-        total = 0.0
-        for x, y in minibatches:
-            loss = classification_loss(self.predict(x), y)
-            # the regularization enters every environment's gradient, so the mask sees it too
-            per_env.append(torch.autograd.grad(loss + self.regularization(), params))
-            total += loss.item()
+        params, per_env, total = environment_gradients(self, minibatches)
         self.optimizer.zero_grad(set_to_none=True)
         k, tau = float(self.hparams["k"]), float(self.hparams["tau"])
         for i, param in enumerate(params):
