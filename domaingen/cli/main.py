@@ -60,10 +60,11 @@ def _add_logger_flag(p: argparse.ArgumentParser) -> None:
 def _add_eval_flags(p: argparse.ArgumentParser) -> None:
     """--eval_splits and --train_in_every (validated by eval_plan: one line and exit 2 when wrong)."""
     p.add_argument("--eval_splits", default=None,
-                   help="selection (default for new runs): each checkpoint evaluates every out split and the test "
-                        "environments' in splits, the training environments' in splits only at the last "
-                        "checkpoint; all: every split at every checkpoint (DomainBed's); a resumed run keeps "
-                        "what it started with")
+                   help="final (default for new runs): each checkpoint evaluates what model selection reads there "
+                        "(the training environments' out splits; a pair run's held-out in splits), the last one "
+                        "every split, and a final evaluation the held-out environment at the selected "
+                        "checkpoint; selection: also the held-out splits at every checkpoint; all: every split at "
+                        "every checkpoint (DomainBed's); a resumed run keeps what it started with")
     p.add_argument("--train_in_every", type=int, default=None, metavar="K",
                    help="with selection: also evaluate the training environments' in splits at every K-th "
                         "checkpoint (learning curves)")

@@ -155,11 +155,16 @@ def accuracy_curves(name: str, label: str, records, test_envs, step: int | None,
     fig, ax = plt.subplots(figsize=(5.5, 3.2), dpi=DPI)
     data: dict[str, Any] = {}
     envs = sorted({int(m.group(1)) for r in records for k in r if (m := ACC.match(k))})
+    sparse = False
     for env in envs:
         for split, style in (("in", "-"), ("out", "--")):
             xs, ys = _series(records, f"env{env}_{split}_acc")
             tag = f"env{env}{'*' if env in test_envs else ''} {split}"
-            ax.plot(xs, ys, style, marker=".", color=f"C{env}", label=tag)
+            gaps = any(math.isnan(y) for y in ys)
+            sparse = sparse or gaps
+            # a split evaluated at a few checkpoints only shows as open circles, not a line
+            ax.plot(xs, ys, style, marker="o" if gaps else ".", fillstyle="none" if gaps else "full",
+                    color=f"C{env}", label=tag)
             data[tag] = {"x": xs, "y": ys}
     if step is not None:
         ax.axvline(step, color="grey", lw=0.8)
@@ -168,8 +173,14 @@ def accuracy_curves(name: str, label: str, records, test_envs, step: int | None,
     ax.legend(fontsize=7, ncol=2)
     ax.set_title(f"{label}: accuracy per environment (* held out)", fontsize=9)
     fig.subplots_adjust(left=0.12, right=0.97, bottom=0.15, top=0.9)
-    return FigureSpec(f"{name}_accuracy.png", f"{label}: accuracy of every environment's in and out split; "
-                      f"the grey line marks the selected checkpoint (step {step}).", fig, data)
+    caption = (f"{label}: accuracy of every environment's in and out split; "
+               f"the grey line marks the selected checkpoint (step {step}).")
+    if sparse:
+        eval_splits = (records[0].get("args") or {}).get("eval_splits", "all")
+        caption += (f" Open circles: splits this run evaluated only at some checkpoints (--eval_splits "
+                    f"{eval_splits}: what model selection reads, the held-out environment at the selected and "
+                    "last checkpoints); a run with --eval_splits all draws full curves.")
+    return FigureSpec(f"{name}_accuracy.png", caption, fig, data)
 
 
 def small_multiples(name: str, label: str, records, keys: Sequence[str], what: str, plt) -> FigureSpec:

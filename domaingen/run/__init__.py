@@ -29,37 +29,48 @@ convolution); not yet measured on a GPU.
 
 ### Evaluated splits (`--eval_splits`)
 
-`--eval_splits selection|all` (spec key `eval_splits`) and `--train_in_every K`
-(spec key `train_in_every`). No model selection method and no table reads the
-training environments' `in` splits: training-domain validation reads the training
-environments' `out` splits, leave-one-domain-out reads the `in` split of an
-environment its run holds out, and the oracle and the reported accuracy read the
-test environments. With **`selection` (the default)** every checkpoint evaluates
-every `out` split and the test environments' `in` splits; the training
-environments' `in` splits are evaluated at the last checkpoint (the final-checkpoint
-table reads them there), and also at every K-th checkpoint with `--train_in_every K`
-(counting the one at step 0), for learning curves. `all` evaluates every split at
-every checkpoint, as DomainBed does. Each record lists the splits it evaluated in
-`evaluated` (e.g. `["env0_out", "env1_out", "env2_in", "env2_out"]`); an accuracy that
-was not evaluated is absent from the record (not null), so DomainBed's own
-`collect_results.py`, which indexes only the fields it reads, reads these runs too.
-`collect` gives the same cells from `selection` and `all` runs of the same seeds
-(evaluation draws no random numbers, so training is identical; tested on a small
-sweep of singles and pairs with both settings, for every selection method and with a
-DomainBed-style reader).
+`--eval_splits final|selection|all` (spec key `eval_splits`) and `--train_in_every K`
+(spec key `train_in_every`). What each selection method reads is listed in
+`run.eval_plan`; in short, before the last checkpoint no method reads the training
+environments' `in` splits, and only leave-one-domain-out reads a held-out environment
+(its `in` split). With **`final` (the default)** every checkpoint evaluates the training
+environments' `out` splits (training-domain validation), plus the held-out `in` splits
+in a run that holds out two or more environments (leave-one-domain-out's validation);
+the last checkpoint evaluates every split; and a *final evaluation* after it reloads the
+weights of the checkpoint that training-domain validation selected (selected.pt, kept
+anyway) and evaluates the held-out environment there, for the default prediction and for
+each test-time mode that selects its own checkpoint (DMG's mask ensemble). The final
+evaluation is a record of its own (`final.json`: which checkpoint, for which mode, its
+validation accuracy, the accuracies) and fills the selected checkpoint's record in
+results.jsonl (its `evaluated_at_end` field lists what it added), where `collect` reads
+it. Held-out accuracies a checkpoint did not evaluate are present as null, so DomainBed's
+own `collect_results.py`, which indexes them in every record, reads these runs too. The
+single runs of a sweep that also holds out pairs run with `selection` (their job ids do
+not change): leave-one-domain-out may select any of their checkpoints.
+`selection` evaluates every `out` split and the held-out `in` splits at every
+checkpoint, and the training environments' `in` splits at the last one; `all` every
+split at every checkpoint, as DomainBed does. `--train_in_every K` adds the training
+environments' `in` splits at every K-th checkpoint (counting step 0), for learning
+curves. Each record lists the splits it evaluated in `evaluated`.
 
-On ColoredMNIST (test env 2, 20% held out) a `selection` checkpoint evaluates 47% of
-the examples, so a 5001-step run with 51 checkpoints evaluates 48% of what `all`
-does. Evaluating everything was 67% of a 5001-step fp32 run on an idle Zen 4; with
-`selection` the whole run takes 60% of the time (measured; see Benchmarks),
-with the same tables. Hence the default.
+`collect` gives the same cells from `final`, `selection` and `all` runs of the same seeds
+(evaluation draws no random numbers, so training is identical): tested on small sweeps of
+singles and pairs, and of ERM and DMG singles, for every selection method, table kind,
+`--paired` and `--versus`, and with a DomainBed-style reader; checked once with DomainBed's
+own collect_results, which prints the same tables from a `final` and an `all` sweep.
+
+On ColoredMNIST (test env 2, 20% held out) a `final` checkpoint evaluates 13% of the
+examples a full one does (the two training environments' `out` splits), `selection`
+47%; a 5001-step run with 51 checkpoints evaluates 16% (`final`, counting the final
+evaluation) and 48% (`selection`) of what `all` does.
 The choice is part of a run's identity: a resumed run keeps the eval splits it
 started with (a run started before this option existed evaluated everything and
 goes on doing so), and an explicit different `--eval_splits` or `--train_in_every`
-is refused with one line. A value other than `selection` or `all`, or a
+is refused with one line. A value other than `final`, `selection` or `all`, or a
 `--train_in_every` below 1, stops with one line and exit status 2. In a sweep spec the
 keys enter a job's id only when set, so sweeps launched before they existed keep
-their job ids.
+their job ids. A single run evaluated with `final` outside a sweep with its pair runs
+has no leave-one-domain-out cell (collect says so).
 
 ### Precision (auto)
 

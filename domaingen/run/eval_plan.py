@@ -1,15 +1,29 @@
 """Which splits a checkpoint evaluates (`--eval_splits`, `--train_in_every`).
 
-No selection method and no table reads the training environments' `in` splits:
-training-domain validation reads the training environments' `out` splits,
-leave-one-domain-out reads the `in` split of an environment that its run holds
-out, and the oracle and the reported accuracy read the test environments. With
-`selection` every checkpoint evaluates every `out` split and the test
-environments' `in` splits; the training environments' `in` splits are evaluated
-at the last checkpoint only (the final-checkpoint table and the IRM paper's
-"train accuracy" read them there), and at every k-th checkpoint with
-`train_in_every` k, for learning curves. `all` evaluates every split at every
-checkpoint, as DomainBed does.
+What each selection method reads, per run:
+
+- training-domain validation: the training environments' `out` splits at every
+  checkpoint, and the held-out environment's `in` split at the one it selects;
+- the oracle: the held-out environment's `in` and `out` splits at the last checkpoint;
+- leave-one-domain-out: in a run holding out two environments, each one's `in` split
+  at every checkpoint; in the run holding out one, its `in` split at the checkpoint
+  that the pair runs select (known only once every pair run is done);
+- the final-checkpoint table: every split at the last checkpoint.
+
+No method reads the training environments' `in` splits before the last checkpoint.
+
+`final` (the default) evaluates exactly that: at every checkpoint the training
+environments' `out` splits, plus, in a run holding out two or more environments,
+the held-out `in` splits; the last checkpoint evaluates every split; and at the end
+of the run a *final evaluation* loads the weights of the checkpoint that
+training-domain validation selected (kept in selected.pt) and evaluates the held-out
+splits there (see `run.training`). The single runs of a sweep with pair runs need
+their held-out `in` split at every checkpoint (leave-one-domain-out may pick any),
+so a sweep launches them with `selection`. `selection` evaluates every `out` split
+and the held-out `in` splits at every checkpoint, the training environments' `in`
+splits at the last one. `all` evaluates every split at every checkpoint, as
+DomainBed does. With `final` or `selection`, `train_in_every` k adds the training
+environments' `in` splits at every k-th checkpoint, for learning curves.
 """
 
 from __future__ import annotations
@@ -18,8 +32,10 @@ from typing import Sequence
 
 from domaingen.errors import DomaingenError
 
-EVAL_SPLITS = ("selection", "all")
-DEFAULT_EVAL_SPLITS = "selection"
+EVAL_SPLITS = ("final", "selection", "all")
+DEFAULT_EVAL_SPLITS = "final"
+# what a sweep's single runs use when the sweep also holds out pairs (leave-one-domain-out)
+LOO_EVAL_SPLITS = "selection"
 # what a run started before runs recorded `eval_splits` evaluated
 LEGACY_EVAL_SPLITS = "all"
 
@@ -61,16 +77,38 @@ def planned_splits(
     k * checkpoint_freq, counting the one at step 0; the last checkpoint is always full.
     """
     check_eval_splits(eval_splits, train_in_every)
-    last = step == steps - 1
+    if eval_splits == "all" or step == steps - 1:
+        return [split_name(env, part) for env in range(n_envs) for part in ("in", "out")]
     every = train_in_every is not None and step % (train_in_every * checkpoint_freq) == 0
-    full = eval_splits == "all" or last or every
     held_out = set(test_envs)
     names = []
     for env in range(n_envs):
-        if full or env in held_out:
-            names.append(split_name(env, "in"))
-        names.append(split_name(env, "out"))
+        if env in held_out:
+            if eval_splits == "selection" or len(held_out) > 1:
+                names.append(split_name(env, "in"))
+            if eval_splits == "selection":
+                names.append(split_name(env, "out"))
+        else:
+            if every:
+                names.append(split_name(env, "in"))
+            names.append(split_name(env, "out"))
     return names
+
+
+def evaluated_at_end(eval_splits: str, test_envs: Sequence[int]) -> list[str]:
+    """The splits a run's final evaluation adds at its selected checkpoint (none unless `final`
+    with one held-out environment: the held-out environment's `in` and `out` splits)."""
+    if eval_splits != "final" or len(test_envs) != 1:
+        return []
+    return [split_name(test_envs[0], "in"), split_name(test_envs[0], "out")]
+
+
+def null_fields(evaluated: Sequence[str], test_envs: Sequence[int]) -> dict[str, None]:
+    """Accuracy fields written as null at a checkpoint that did not evaluate them: the held-out
+    environments' in and out accuracies. DomainBed's collect_results indexes these fields in
+    every record (and counts environments by the `out` ones), so they are present, null."""
+    names = (split_name(env, part) for env in test_envs for part in ("in", "out"))
+    return {f"{name}_acc": None for name in names if name not in set(evaluated)}
 
 
 def evaluated_fraction(
@@ -79,9 +117,14 @@ def evaluated_fraction(
 ) -> float:
     """Examples a run evaluates over all its checkpoints, as a fraction of evaluating every split at each.
 
-    `sizes` holds (in, out) example counts per environment.
+    `sizes` holds (in, out) example counts per environment. With `final` the final
+    evaluation is counted as if it always ran (it is skipped when the last checkpoint is
+    the selected one).
     """
     total = done = 0
+    for name in evaluated_at_end(eval_splits, test_envs):
+        env, part = int(name[3:name.index("_")]), name.rsplit("_", 1)[1]
+        done += sizes[env][0 if part == "in" else 1]
     for step in range(steps):
         if not is_checkpoint(step, steps, checkpoint_freq):
             continue

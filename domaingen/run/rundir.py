@@ -4,6 +4,8 @@
     results.jsonl   one JSON record per checkpoint
     checkpoint.pt   everything needed to resume exactly
     selected.pt     the weights at the checkpoint that training-domain validation selects
+                    (selected_{mode}.pt: a test-time mode's, under --eval_splits final)
+    final.json      the final evaluation of the held-out splits (run.selected), if any
     log.txt         the run's log
     manifest.json   what it was computed with (run.manifest)
     done | failed   written atomically, last; `failed` holds the reason
@@ -34,6 +36,7 @@ ARGS, RESULTS, CHECKPOINT, LOG, DONE, FAILED = (
     "failed",
 )
 SELECTED = "selected.pt"
+FINAL = "final.json"
 
 NOT_LAUNCHED, INCOMPLETE, DONE_STATE, FAILED_STATE = "not launched", "incomplete", "done", "failed"
 
@@ -180,17 +183,42 @@ class RunDirectory:
             return None
         return torch.load(self.file(CHECKPOINT), map_location="cpu", weights_only=False)
 
-    def save_selected(self, state: Mapping[str, Any]) -> None:
-        """Write the selected checkpoint (step, val_acc, model weights) through a temporary file and a rename."""
-        tmp = self.file(SELECTED + ".tmp")
-        torch.save(dict(state), tmp)
-        os.replace(tmp, self.file(SELECTED))
+    @staticmethod
+    def selected_name(mode: str = "") -> str:
+        """selected.pt for the default prediction, selected_{mode}.pt for a test-time mode's."""
+        return f"selected_{mode}.pt" if mode else SELECTED
 
-    def load_selected(self) -> dict[str, Any] | None:
+    def save_selected(self, state: Mapping[str, Any], mode: str = "") -> None:
+        """Write the selected checkpoint (step, val_acc, model weights) through a temporary file and a rename."""
+        path = self.file(self.selected_name(mode))
+        tmp = path.with_name(path.name + ".tmp")
+        torch.save(dict(state), tmp)
+        os.replace(tmp, path)
+
+    def load_selected(self, mode: str = "") -> dict[str, Any] | None:
         """The selected checkpoint, or None when the run has none (yet, or made before runs kept one)."""
-        if not self.file(SELECTED).exists():
+        path = self.file(self.selected_name(mode))
+        if not path.exists():
             return None
-        return torch.load(self.file(SELECTED), map_location="cpu", weights_only=False)
+        return torch.load(path, map_location="cpu", weights_only=False)
+
+    def complete_records(self, fills: Mapping[int, Mapping[str, Any]]) -> None:
+        """Set the fields `fills[step]` in the record of each such step (rewritten atomically)."""
+        if not fills:
+            return
+        records = [{**r, **fills.get(r.get("step"), {})} for r in self.records()]
+        atomic_write_bytes(self.file(RESULTS), "".join(to_json(r) + "\n" for r in records).encode())
+
+    def write_final(self, final: Mapping[str, Any]) -> None:
+        """Write final.json (the final evaluation), atomically."""
+        atomic_write_bytes(self.file(FINAL), (json.dumps(json.loads(to_json(final)), indent=2) + "\n").encode())
+
+    def read_final(self) -> dict[str, Any] | None:
+        """The final evaluation, or None when the run made none."""
+        try:
+            return json.loads(self.file(FINAL).read_text())
+        except FileNotFoundError:
+            return None
 
     def mark_done(self, summary: Mapping[str, Any]) -> None:
         self.file(FAILED).unlink(missing_ok=True)

@@ -6,6 +6,7 @@ import dataclasses
 import logging
 import math
 import os
+import re
 import resource
 import time
 from dataclasses import dataclass, field
@@ -18,7 +19,8 @@ from domaingen.datasets import DATASETS, MultiDomainDataset, resolve_data_dir, s
 from domaingen.datasets.cache import DatasetCache
 from domaingen.datasets.sampling import MinibatchSampler  # noqa: F401  (re-exported: bench and older code import it here)
 from domaingen.errors import DomaingenError, RunDirectoryError
-from domaingen.run.eval_plan import DEFAULT_EVAL_SPLITS, LEGACY_EVAL_SPLITS, check_eval_splits, planned_splits
+from domaingen.run.eval_plan import (DEFAULT_EVAL_SPLITS, LEGACY_EVAL_SPLITS, check_eval_splits, null_fields,
+                                     planned_splits)
 from domaingen.run.evaluation import (CompiledPredict, autocast_context, eval_batch_size, evaluate, training_domains,
                                       validation_loss)
 from domaingen.hparams import apply_overrides, draw_hparams, parse_overrides, run_space, seed_hash
@@ -37,6 +39,7 @@ from domaingen.run.protocol import (
     draw_domainbed_hparams,
 )
 from domaingen.run.rundir import DONE_STATE, FAILED_STATE, LOG, RunDirectory
+from domaingen.run.selected import final_evaluation, selection_modes, stored_selection, update_selected
 
 log = logging.getLogger(__name__)
 
@@ -105,7 +108,7 @@ class TrainConfig:
     precision: str = "fp32"
     device: str = "auto"
     compile_eval: bool | None = None  # None: $DOMAINGEN_COMPILE_EVAL (1 = on), else off
-    eval_splits: str | None = None  # selection or all; None: what a resumed run started with, else the default
+    eval_splits: str | None = None  # final, selection or all; None: what a resumed run started with, else the default
     train_in_every: int | None = None  # selection: also the training envs' in splits at every k-th checkpoint
     plugins: Sequence[str] = ()  # modules to load first (see domaingen.plugins); args.json records every one loaded
     loggers: Sequence[str] = ()  # tensorboard, wandb (run.loggers); never recorded: they change no record
@@ -360,13 +363,15 @@ def _train_loop(
         _steps(run, dataset, device, rundir, splits, algorithm, sampler, predict, start_step, selected, loggers)
     finally:
         loggers.close()
+    final_evaluation(run.args, dataset, device, rundir, splits, algorithm, predict, selected)
     return rundir.records()
 
 
 def _steps(run: ResolvedRun, dataset: MultiDomainDataset, device: torch.device, rundir: RunDirectory,
            splits: list, algorithm: Algorithm, sampler: Any, predict: CompiledPredict | None, start_step: int,
-           selected: dict[str, Any] | None, loggers: RunLoggers) -> None:
+           selected: dict[str, dict[str, Any]], loggers: RunLoggers) -> None:
     args, hparams = run.args, run.hparams
+    modes = selection_modes(algorithm, args["eval_splits"], args["test_envs"])
     full_batch = bool(hparams.get("full_batch", False))
     steps_per_epoch = 1.0 if full_batch else min(len(s_in) / hparams["batch_size"] for s_in, _ in splits)
     log.info("%s on %s, test envs %s, hparams %s", args["algorithm"], args["dataset"], args["test_envs"], hparams)
@@ -393,6 +398,7 @@ def _steps(run: ResolvedRun, dataset: MultiDomainDataset, device: torch.device, 
                 **{k: sum(v) / len(v) for k, v in pending.items()},
                 **averaging,
                 **accuracies,
+                **null_fields(evaluated, args["test_envs"]),
                 "evaluated": evaluated,
                 **algorithm.diagnostics(),
                 "mem_gb": peak_memory_gb(device),
@@ -402,7 +408,7 @@ def _steps(run: ResolvedRun, dataset: MultiDomainDataset, device: torch.device, 
             }
             pending = {}
             rundir.append_record(record)
-            selected = _update_selected(rundir, record, args["test_envs"], len(splits), algorithm, selected)
+            update_selected(rundir, record, args["test_envs"], len(splits), algorithm, selected, modes)
             _save(rundir, step + 1, algorithm, sampler, selected)
             log.info(_summary_line(record, args["test_envs"]))
             loggers.log(record, losses)
@@ -428,43 +434,17 @@ def _summary_line(record: Mapping[str, Any], test_envs: Sequence[int]) -> str:
     accs = " ".join(
         f"env{k[3:-7]}{'*' if int(k[3:-7]) in test_envs else ''}={v:.3f}"
         for k, v in record.items()
-        if k.startswith("env") and k.endswith("_in_acc")
+        if k.startswith("env") and k.endswith("_in_acc") and v is not None
     )
-    return f"step {record['step']}: loss {record['loss']:.4f} in-acc {accs} ({record['step_time']*1000:.0f} ms/step)"
-
-
-def training_validation_accuracy(record: Mapping[str, Any], test_envs: Sequence[int], n_envs: int) -> float:
-    """Training-domain validation: the mean `out` accuracy over the training environments (NaN if any is missing)."""
-    values = [record.get(f"env{i}_out_acc") for i in range(n_envs) if i not in set(test_envs)]
-    if not values or any(v is None for v in values):
-        return float("nan")
-    return float(sum(values) / len(values))
-
-
-def _update_selected(
-    rundir: RunDirectory,
-    record: Mapping[str, Any],
-    test_envs: Sequence[int],
-    n_envs: int,
-    algorithm: Algorithm,
-    selected: dict[str, Any] | None,
-) -> dict[str, Any] | None:
-    """Write selected.pt when this checkpoint validates strictly better than the best so far.
-
-    Strictly: the earliest of equally good checkpoints stays selected, as in DomainBed's
-    collect. Returns the (step, val_acc) of the selected checkpoint, which `_save` keeps
-    in checkpoint.pt so that a resumed run compares against the same best.
-    """
-    val_acc = training_validation_accuracy(record, test_envs, n_envs)
-    if not math.isfinite(val_acc) or (selected is not None and val_acc <= selected["val_acc"]):
-        return selected
-    chosen = {"step": int(record["step"]), "val_acc": val_acc}
-    rundir.save_selected({**chosen, "algorithm": type(algorithm).__name__, "model": algorithm.state_dict()})
-    return chosen
+    outs = [v for k, v in record.items() if re.fullmatch(r"env\d+_out_acc", k) and v is not None
+            and int(k[3:-8]) not in test_envs]
+    val = f" val {sum(outs) / len(outs):.3f}" if outs else ""
+    shown = f" in-acc {accs}" if accs else ""
+    return f"step {record['step']}: loss {record['loss']:.4f}{val}{shown} ({record['step_time']*1000:.0f} ms/step)"
 
 
 def _save(
-    rundir: RunDirectory, next_step: int, algorithm: Algorithm, sampler: Any, selected: dict[str, Any] | None
+    rundir: RunDirectory, next_step: int, algorithm: Algorithm, sampler: Any, selected: dict[str, dict[str, Any]]
 ) -> None:
     rundir.save_checkpoint(
         {
@@ -478,8 +458,9 @@ def _save(
     )
 
 
-def _resume(rundir: RunDirectory, algorithm: Algorithm, sampler: Any) -> tuple[int, dict[str, Any] | None]:
-    """Load the last checkpoint if there is one; returns the step to start from and the selected (step, val_acc).
+def _resume(rundir: RunDirectory, algorithm: Algorithm, sampler: Any) -> tuple[int, dict[str, dict[str, Any]]]:
+    """Load the last checkpoint if there is one; returns the step to start from and the selected
+    (step, val_acc) per prediction mode (see run.selected).
 
     A selected.pt newer than the last checkpoint (a crash between the two writes) is
     rewritten when its step is redone: the resumed run compares against the best as of
@@ -488,7 +469,7 @@ def _resume(rundir: RunDirectory, algorithm: Algorithm, sampler: Any) -> tuple[i
     state = rundir.load_checkpoint()
     if state is None:
         rundir.keep_records_before(0)
-        return 0, None
+        return 0, {}
     algorithm.load_checkpoint_state(state["algorithm"])
     sampler.load_state(state["sampler"])
     torch.set_rng_state(state["torch_rng"])
@@ -496,4 +477,4 @@ def _resume(rundir: RunDirectory, algorithm: Algorithm, sampler: Any) -> tuple[i
         torch.cuda.set_rng_state_all(state["cuda_rng"])
     rundir.keep_records_before(state["next_step"])
     log.info("resuming from step %d", state["next_step"])
-    return int(state["next_step"]), state.get("selected")
+    return int(state["next_step"]), stored_selection(state.get("selected"))

@@ -25,7 +25,7 @@ else:  # pragma: no cover
 from domaingen.algorithms import ALGORITHMS
 from domaingen.datasets import DATASETS
 from domaingen.errors import DomaingenError
-from domaingen.run.eval_plan import check_eval_splits
+from domaingen.run.eval_plan import DEFAULT_EVAL_SPLITS, LOO_EVAL_SPLITS, check_eval_splits
 from domaingen.hparams import run_space
 from domaingen.plugins import load_plugins, merge_specs
 from domaingen.run.runlock import is_locked
@@ -297,9 +297,9 @@ def build_jobs(spec: SweepSpec) -> list[Job]:
         freq = spec.checkpoint_freq or cls.CHECKPOINT_FREQ
         for algorithm in spec.algorithms:
             overrides = {**spec.hparams, **spec.algorithm_hparams.get(algorithm, {})}
-            for test_envs, hseed, trial in itertools.product(
-                environment_sets(spec, dataset), range(spec.n_hparams), range(spec.n_trials)
-            ):
+            sets = environment_sets(spec, dataset)
+            has_pairs = any(len(s) > 1 for s in sets)
+            for test_envs, hseed, trial in itertools.product(sets, range(spec.n_hparams), range(spec.n_trials)):
                 args = {
                     "dataset": dataset,
                     "algorithm": algorithm,
@@ -318,10 +318,19 @@ def build_jobs(spec: SweepSpec) -> list[Job]:
                              if getattr(spec, k) is not None})
                 if spec.protocol != DEFAULT_PROTOCOL:  # paired jobs keep the ids they had before protocols
                     args["protocol"] = spec.protocol
-                jobs.append(Job(job_id(args), args))
+                jobs.append(Job(job_id(args), _with_loo_evaluation(args, has_pairs)))
     if not jobs:
         raise SpecError("the sweep has no jobs; check algorithms, datasets and test_envs")
     return jobs
+
+
+def _with_loo_evaluation(args: dict[str, Any], has_pairs: bool) -> dict[str, Any]:
+    """A single run of a sweep with pair runs evaluates its held-out `in` split at every checkpoint
+    (leave-one-domain-out may select any), so under `final` it runs with LOO_EVAL_SPLITS; its job
+    id stays what the spec makes it (see eval_plan)."""
+    if not has_pairs or len(args["test_envs"]) != 1 or args.get("eval_splits", DEFAULT_EVAL_SPLITS) != "final":
+        return args
+    return {**args, "eval_splits": LOO_EVAL_SPLITS}
 
 
 def trial_major(jobs: Sequence[Job]) -> list[Job]:

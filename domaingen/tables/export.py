@@ -41,14 +41,14 @@ import pandas as pd
 import domaingen
 from domaingen.errors import DomaingenError
 from domaingen.run.manifest import MANIFEST
-from domaingen.run.rundir import ARGS, CHECKPOINT, DONE, LOG, RESULTS, SELECTED
+from domaingen.run.rundir import ARGS, CHECKPOINT, DONE, FINAL, LOG, RESULTS, SELECTED
 from domaingen.tables.collect import Collection, collect, expand_modes
 from domaingen.tables.selection import select, training_domain_validation
 from domaingen.tables.wilds_selection import wilds_select
 
 BUNDLE_FILE = "bundle.json"
 FORMAT = 1
-RUN_FILES = (ARGS, MANIFEST, RESULTS, LOG, DONE)
+RUN_FILES = (ARGS, MANIFEST, RESULTS, FINAL, LOG, DONE)
 WEIGHT_FILES = (SELECTED, CHECKPOINT)
 RUNS = "runs"
 
