@@ -16,6 +16,8 @@ def test_estimate_of_a_selection_run_and_an_all_run():
     # 5001 steps; checkpoints at 0, 100, ..., 5000: 51, the last one full
     assert (run.partial_evals, run.full_evals) == (50, 1)
     assert run.total == pytest.approx(5001 * 0.1 + 50 * 4.0 + 10.0)
+    final = estimate({**measured, "default_eval_splits": "final", "partial_eval": 1.0, "final_eval": 3.0})
+    assert final.total == pytest.approx(5001 * 0.1 + 50 * 1.0 + 10.0 + 3.0)
     old = estimate({"step": 0.1, "full_eval": 10.0, "default_eval_splits": "all"})
     assert (old.partial_evals, old.full_evals) == (0, 51) and old.total == pytest.approx(500.1 + 510.0)
 

@@ -83,6 +83,15 @@ if planned_splits is not None:
     start, cpu_start = time.perf_counter(), time.process_time()
     evaluate(model, splits, device, precision, only=only)
     out["partial_eval"], out["cpu_partial_eval"] = time.perf_counter() - start, time.process_time() - cpu_start
+    try:
+        from domaingen.run.eval_plan import evaluated_at_end
+    except ImportError:  # a tree from before the final evaluation
+        evaluated_at_end = None
+    at_end = evaluated_at_end(DEFAULT_EVAL_SPLITS, [2]) if evaluated_at_end else []
+    if at_end:
+        start, cpu_start = time.perf_counter(), time.process_time()
+        evaluate(model, splits, device, precision, only=at_end)
+        out["final_eval"], out["cpu_final_eval"] = time.perf_counter() - start, time.process_time() - cpu_start
 print(json.dumps(out))
 """.replace("PROTOCOL_FREQ", str(PROTOCOL_FREQ)).replace("PROTOCOL_STEPS", str(PROTOCOL_STEPS))
 
@@ -144,9 +153,11 @@ def estimate(measured: dict[str, Any], clock: str = "") -> RunEstimate:
     `clock` "" reads the wall times, "cpu_" the process CPU times.
     """
     n_checkpoints = len(range(0, PROTOCOL_STEPS, PROTOCOL_FREQ)) + ((PROTOCOL_STEPS - 1) % PROTOCOL_FREQ != 0)
-    if measured.get("default_eval_splits") == "selection" and f"{clock}partial_eval" in measured:
+    if measured.get("default_eval_splits") in ("selection", "final") and f"{clock}partial_eval" in measured:
         partial, full = n_checkpoints - 1, 1
-        evals = partial * measured[f"{clock}partial_eval"] + measured[f"{clock}full_eval"]
+        # the final evaluation (of the selected checkpoint) counted as if it always ran
+        evals = (partial * measured[f"{clock}partial_eval"] + measured[f"{clock}full_eval"]
+                 + measured.get(f"{clock}final_eval", 0.0))
     else:
         partial, full = 0, n_checkpoints
         evals = n_checkpoints * measured[f"{clock}full_eval"]

@@ -1,6 +1,6 @@
 """`make bench`: the speed and memory figures the issues ask for (not timed assertions).
 
-Run with DOMAINGEN_DATA pointing at real MNIST: python -m domaingen.bench [--only training|floor|fullrun|jobs|bookkeeping|overhead|images|dmg|report|diagnose]
+Run with DOMAINGEN_DATA pointing at real MNIST: python -m domaingen.bench [--only training|floor|fullrun|jobs|bookkeeping|overhead|images|dmg|report|diagnose|peer --peer DIR]
 
 `fullrun` and `jobs` compare this tree with a baseline commit (--baseline, default main or,
 where main already has issue 17's change, the commit before it) measured in the same run
@@ -10,7 +10,9 @@ where main already has issue 17's change, the commit before it) measured in the 
 from __future__ import annotations
 
 import argparse
+import shlex
 import statistics
+import sys
 import time
 from typing import Callable, Sequence
 
@@ -19,6 +21,7 @@ from torch import nn
 from tabulate import tabulate
 
 from domaingen.algorithms import ALGORITHMS
+from domaingen.errors import DomaingenError
 from domaingen.datasets import DATASETS, resolve_data_dir, split_environments
 from domaingen.run.evaluation import ACCELERATOR_EVAL_BATCH_SIZE, CompiledPredict, autocast_context, eval_batch_size, evaluate
 from domaingen.hparams import draw_hparams, run_space
@@ -508,7 +511,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--skip_fp32_eval", action="store_true", help="the fp32 evaluation takes minutes on 2 cores")
     parser.add_argument("--only", choices=["training", "floor", "fullrun", "jobs", "bookkeeping", "overhead", "images",
-                                           "dmg", "report", "diagnose"], default=None)
+                                           "dmg", "report", "diagnose", "peer"], default=None,
+                        help="one section (default: all but peer)")
+    parser.add_argument("--peer", default=None, metavar="DIR",
+                        help="peer: a DomainBed checkout to time beside domaingen (see domaingen.bench.peer)")
+    parser.add_argument("--peer_steps", type=int, default=101, help="peer: steps of each run")
+    parser.add_argument("--peer_freq", type=int, default=50, help="peer: checkpoint frequency of the A runs")
+    parser.add_argument("--peer_args", default="", help="peer: more `domaingen train` flags, e.g. '--precision bf16'")
     parser.add_argument("--baseline", default="main",
                         help="fullrun, jobs: the commit to compare with (default main; where main already has "
                              "--eval_splits, the commit before it was added)")
@@ -523,6 +532,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workers", type=int, default=2, help="images: DataLoader workers to measure")
     ns = parser.parse_args(argv)
     data_dir = resolve_data_dir(ns.data_dir)
+    if ns.only == "peer":
+        from domaingen.bench.peer import check_peer, peer_rows
+
+        try:
+            check_peer(ns.peer)
+        except DomaingenError as exc:
+            print(f"domaingen.bench: {exc}", file=sys.stderr)
+            return 2
+        print(tabulate(peer_rows(ns.peer, data_dir, ns.peer_steps, ns.peer_freq, shlex.split(ns.peer_args)),
+                       headers=["measure", "value"]))
+        return 0
     print(f"device {resolve_device('auto')}, {torch.get_num_threads()} torch threads, torch {torch.__version__}")
     counters_at_start = cpu_time_counters()
     rows = []

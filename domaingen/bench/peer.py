@@ -1,0 +1,166 @@
+"""`bench --only peer --peer DIR`: DomainBed's own train.py beside `domaingen train`, on one machine.
+
+DIR is a checkout of DomainBed that the user fetched (never shipped with domaingen):
+
+    git clone https://github.com/facebookresearch/DomainBed DIR
+
+Its dependencies must import in the benchmark's Python (DomainBed's algorithms.py imports
+BackPACK, its networks timm): install them, or put them on PYTHONPATH, which the child
+processes inherit. Both tools train ColoredMNIST ERM (MNIST_CNN), test environment 2, at
+their own defaults (DomainBed evaluates every split at every checkpoint; domaingen its
+default `--eval_splits` and precision, or those given), from the same MNIST files, with the
+same steps and checkpoints. Each tool runs twice, alternating with the other in child
+processes: with checkpoints every `freq` steps (A) and with none between the first and
+the last (B). Per tool the table gives the A run's wall time, CPU time (the process and its
+DataLoader workers) and peak resident memory of the main process (VmHWM), and the ratios;
+then a projection to the published protocol's run (5001 steps, 51 checkpoints):
+
+    fixed     = wall(B) - steps x step       start-up and B's two checkpoints' evaluations
+    per check = (wall(A) - wall(B)) / (checkpoints(A) - checkpoints(B))
+    full run  = fixed + 5001 x step + 49 x per check
+
+with `step` the mean training step over the A run's records (both tools record it). The
+same formula serves both tools: DomainBed's checkpoints evaluate every split, domaingen's
+what its eval splits plan says (the last checkpoint and a final evaluation are in `fixed`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+from domaingen.errors import DomaingenError
+
+FULL_STEPS, FULL_CHECKPOINTS = 5001, 51
+TRAIN_SCRIPT = Path("domainbed") / "scripts" / "train.py"
+
+
+def check_peer(peer: str | None) -> Path:
+    """The DomainBed checkout `peer`, or a one-line DomaingenError saying what is wrong."""
+    if not peer:
+        raise DomaingenError("--only peer needs --peer DIR, a DomainBed checkout "
+                             "(git clone https://github.com/facebookresearch/DomainBed DIR)")
+    root = Path(peer).expanduser()
+    if not (root / TRAIN_SCRIPT).is_file():
+        raise DomaingenError(f"--peer {peer} is not a DomainBed checkout: it has no {TRAIN_SCRIPT} "
+                             "(git clone https://github.com/facebookresearch/DomainBed DIR)")
+    return root.resolve()
+
+
+@dataclass
+class Timing:
+    """One child process: wall and CPU seconds, the main process's peak RSS, the mean step time."""
+
+    wall: float
+    cpu: float
+    peak_rss_gb: float
+    step: float
+    checkpoints: int
+
+
+def _peak_rss_kb(pid: int) -> int | None:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1])
+    except (OSError, ValueError):
+        return None
+    return None
+
+
+def timed_child(command: Sequence[str], env: dict[str, str], cwd: Path, log_path: Path) -> tuple[float, float, float]:
+    """Run `command`; returns wall seconds, CPU seconds (with its reaped children) and the main
+    process's peak RSS in GB (VmHWM read until it exits; ru_maxrss where /proc is missing)."""
+    started = time.perf_counter()
+    with open(log_path, "w") as log:
+        child = subprocess.Popen(list(command), env=env, cwd=cwd, stdout=log, stderr=subprocess.STDOUT)
+        peak = 0
+        while True:
+            pid, status, usage = os.wait4(child.pid, os.WNOHANG)
+            if pid:
+                break
+            peak = max(peak, _peak_rss_kb(child.pid) or 0)
+            time.sleep(0.1)
+    wall = time.perf_counter() - started
+    if os.waitstatus_to_exitcode(status) != 0:
+        tail = log_path.read_text().strip().splitlines()[-1:] or ["no output"]
+        raise RuntimeError(f"{command[2] if len(command) > 2 else command[0]} failed: {tail[0]} (log: {log_path})")
+    peak_gb = (peak or usage.ru_maxrss) / 2**20
+    return wall, usage.ru_utime + usage.ru_stime, peak_gb
+
+
+def _records(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def _mean_step(records: list[dict]) -> float:
+    """The mean training step over a run's records (each holds its interval's mean step_time)."""
+    steps = [r["step"] for r in records]
+    times = [r["step_time"] for r in records]
+    counts = [steps[0] + 1] + [b - a for a, b in zip(steps, steps[1:])]
+    return sum(t * n for t, n in zip(times, counts)) / sum(counts)
+
+
+def domainbed_command(peer: Path, data_dir: str, out: Path, steps: int, freq: int) -> list[str]:
+    return [sys.executable, "-m", "domainbed.scripts.train", "--data_dir", data_dir, "--dataset", "ColoredMNIST",
+            "--algorithm", "ERM", "--test_envs", "2", "--steps", str(steps), "--checkpoint_freq", str(freq),
+            "--output_dir", str(out), "--skip_model_save"]
+
+
+def domaingen_command(data_dir: str, out: Path, steps: int, freq: int, extra: Sequence[str]) -> list[str]:
+    return [sys.executable, "-m", "domaingen", "-q", "train", "--data_dir", data_dir, "--dataset", "ColoredMNIST",
+            "--algorithm", "ERM", "--test_envs", "2", "--steps", str(steps), "--checkpoint_freq", str(freq),
+            "--output_dir", str(out), *extra]
+
+
+def peer_rows(peer: str | None, data_dir: str, steps: int = 101, freq: int = 50,
+              extra: Sequence[str] = ()) -> list[list]:
+    """The rows of `--only peer` (see the module docstring); `extra`: more `domaingen train` flags."""
+    from domaingen.bench.baseline import header_rows
+
+    root = check_peer(peer)
+    data_dir = str(Path(data_dir).resolve())
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(root)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+    timings: dict[tuple[str, str], Timing] = {}
+    with tempfile.TemporaryDirectory(prefix="domaingen-peer-") as tmp:
+        for label, run_freq in (("A", freq), ("B", steps + 1)):
+            for tool in ("DomainBed", "domaingen"):  # alternating: a change of load touches both
+                out = Path(tmp) / f"{tool}-{label}"
+                if tool == "DomainBed":
+                    command, cwd, run_env = domainbed_command(root, data_dir, out, steps, run_freq), root, env
+                else:
+                    command, cwd, run_env = domaingen_command(data_dir, out, steps, run_freq, extra), Path(tmp), None
+                wall, cpu, rss = timed_child(command, run_env or dict(os.environ), cwd, Path(tmp) / f"{tool}-{label}.log")
+                records = _records(out / "results.jsonl")
+                timings[(tool, label)] = Timing(wall, cpu, rss, _mean_step(records), len(records))
+    rows = header_rows()
+    rows.append(["peer run", f"ColoredMNIST ERM, test env 2, {steps} steps, a checkpoint every {freq} "
+                             f"(domaingen train {' '.join(extra) or 'at its defaults'})"])
+    db, dg = timings[("DomainBed", "A")], timings[("domaingen", "A")]
+    rows += [
+        ["wall time: DomainBed / domaingen", f"{db.wall:.1f} s / {dg.wall:.1f} s = {db.wall / dg.wall:.2f}x"],
+        ["CPU time: DomainBed / domaingen", f"{db.cpu:.1f} s / {dg.cpu:.1f} s = {db.cpu / dg.cpu:.2f}x"],
+        ["peak RSS of the main process: DomainBed / domaingen",
+         f"{db.peak_rss_gb:.2f} GB / {dg.peak_rss_gb:.2f} GB"],
+        ["mean step: DomainBed / domaingen", f"{db.step * 1000:.0f} ms / {dg.step * 1000:.0f} ms"],
+    ]
+    projected = {}
+    for tool in ("DomainBed", "domaingen"):
+        a, b = timings[(tool, "A")], timings[(tool, "B")]
+        per_check = (a.wall - b.wall) / max(1, a.checkpoints - b.checkpoints)
+        fixed = b.wall - steps * a.step
+        projected[tool] = fixed + FULL_STEPS * a.step + (FULL_CHECKPOINTS - 2) * per_check
+        rows.append([f"  {tool}: start-up and first/last checkpoints, per further checkpoint",
+                     f"{fixed:.1f} s, {per_check:.1f} s"])
+    rows.append([f"full run projection ({FULL_STEPS} steps, {FULL_CHECKPOINTS} checkpoints): DomainBed / domaingen",
+                 f"{projected['DomainBed'] / 60:.1f} min / {projected['domaingen'] / 60:.1f} min = "
+                 f"{projected['DomainBed'] / projected['domaingen']:.2f}x"])
+    return rows

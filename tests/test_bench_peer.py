@@ -1,0 +1,67 @@
+"""bench --only peer: the checks on --peer, the child timing, the step mean and the projection
+(a fake DomainBed checkout stands in for the real one; no timing is asserted)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from domaingen.bench import peer
+from domaingen.bench.benchmarks import main
+from domaingen.errors import DomaingenError
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--only", "peer"], "--only peer needs --peer DIR, a DomainBed checkout"),
+    (["--only", "peer", "--peer", "{tmp}"], "is not a DomainBed checkout: it has no domainbed/scripts/train.py"),
+])
+def test_peer_that_is_not_a_domainbed_checkout_one_line_exit_2(tmp_path, capsys, argv, message):
+    assert main([a.format(tmp=tmp_path) for a in argv]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and message in err
+
+
+def test_mean_step_weights_each_record_by_its_steps():
+    # records at steps 0, 50, 100: intervals of 1, 50 and 50 steps
+    records = [{"step": 0, "step_time": 1.0}, {"step": 50, "step_time": 0.2}, {"step": 100, "step_time": 0.4}]
+    assert peer._mean_step(records) == pytest.approx((1.0 + 50 * 0.2 + 50 * 0.4) / 101)
+
+
+def test_timed_child_reports_wall_cpu_and_peak_memory(tmp_path):
+    # a child that holds about 200 MB and spins a little
+    code = "import time; b = bytearray(200 * 2**20); t = time.process_time()\nwhile time.process_time() - t < 0.3: pass"
+    wall, cpu, rss = peer.timed_child([sys.executable, "-c", code], {}, tmp_path, tmp_path / "log")
+    assert wall >= cpu * 0.5 and cpu >= 0.3 and 0.2 <= rss < 1.0
+    with pytest.raises(RuntimeError, match="failed: .*ZeroDivisionError"):
+        peer.timed_child([sys.executable, "-c", "1/0"], {}, tmp_path, tmp_path / "log")
+
+
+def test_projection_from_two_runs_per_tool(tmp_path, monkeypatch):
+    """A fake checkout and fake children: each 'tool' takes 2 s + 0.1 s a step + 3 s a checkpoint (DomainBed)
+    or 1 s + 0.05 s a step + 1 s a checkpoint (domaingen); the projection must recover the full run."""
+    (tmp_path / "DomainBed" / "domainbed" / "scripts").mkdir(parents=True)
+    (tmp_path / "DomainBed" / "domainbed" / "scripts" / "train.py").write_text("")
+    costs = {"DomainBed": (2.0, 0.1, 3.0), "domaingen": (1.0, 0.05, 1.0)}
+
+    def fake_child(command, env, cwd, log_path):
+        tool = "DomainBed" if "domainbed.scripts.train" in command else "domaingen"
+        steps = int(command[command.index("--steps") + 1])
+        freq = int(command[command.index("--checkpoint_freq") + 1])
+        out = Path(command[command.index("--output_dir") + 1])
+        checks = [s for s in range(steps) if s % freq == 0 or s == steps - 1]
+        fixed, step, check = costs[tool]
+        out.mkdir(parents=True)
+        (out / "results.jsonl").write_text("".join(json.dumps({"step": s, "step_time": step}) + "\n" for s in checks))
+        return fixed + steps * step + len(checks) * check, 1.0, 0.5
+
+    monkeypatch.setattr(peer, "timed_child", fake_child)
+    rows = dict((r[0], r[1]) for r in peer.peer_rows(str(tmp_path / "DomainBed"), str(tmp_path), 101, 50))
+    full = {tool: fixed + 5001 * step + 51 * check for tool, (fixed, step, check) in costs.items()}
+    line = rows["full run projection (5001 steps, 51 checkpoints): DomainBed / domaingen"]
+    assert line == (f"{full['DomainBed'] / 60:.1f} min / {full['domaingen'] / 60:.1f} min = "
+                    f"{full['DomainBed'] / full['domaingen']:.2f}x")
+    with pytest.raises(DomaingenError, match="not a DomainBed checkout"):
+        peer.check_peer(str(tmp_path))
