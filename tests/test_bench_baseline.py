@@ -45,6 +45,8 @@ def test_the_baseline_is_main_or_the_commit_before_eval_plan(tmp_path):
     git(repo, "add", ".")
     git(repo, "commit", "-q", "-m", "later")
     assert baseline_commit(repo, "main") == old
+    later = git(repo, "rev-parse", "HEAD")
+    assert baseline_commit(repo, later) == later and baseline_commit(repo, "HEAD~1") != old  # any other rev as given
     tree = export_tree(repo, old, tmp_path / "export")
     assert sorted(p.name for p in tree.rglob("*") if p.is_file()) == ["__init__.py"]
     assert (tree / "domaingen" / "__init__.py").read_text() == "OLD = 1\n"

@@ -102,7 +102,10 @@ def git(repo: Path, *args: str) -> str:
 
 
 def baseline_commit(repo: Path, rev: str = "main") -> str:
-    """`rev`, or where `rev` already holds issue 17's change, the commit before the one that added it."""
+    """`rev` as given; for the default, main, the commit before the one that added `--eval_splits`
+    (issue 17) where main holds it."""
+    if rev != "main":
+        return git(repo, "rev-parse", rev)
     added = git(repo, "log", "--diff-filter=A", "--format=%H", "-1", rev, "--", MARKER)
     return git(repo, "rev-parse", f"{added}^" if added else rev)
 

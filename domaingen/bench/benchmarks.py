@@ -179,9 +179,10 @@ def _overhead_model(name: str, device: torch.device, setting: str = "MNIST_CNN")
     dataset, extra, per_env = OVERHEAD_SETTINGS[setting]
     shape = DATASETS.get(dataset).INPUT_SHAPE
     space = run_space(dataset, DATASETS.get(dataset), ALGORITHMS.get(name))
-    hparams = {**draw_hparams(space, dataset, 0), **extra}
+    algorithm_cls = ALGORITHMS.get(name)
+    hparams = algorithm_cls.fit_hparams({**draw_hparams(space, dataset, 0), **extra}, 2, set())
     torch.manual_seed(0)
-    model = place_model(ALGORITHMS.get(name)(shape, 2, 2, hparams), device, shape)
+    model = place_model(algorithm_cls(shape, 2, 2, hparams), device, shape)
     batches = [(torch.rand(per_env, *shape, device=device), torch.randint(0, 2, (per_env,), device=device))
                for _ in range(2)]
     if getattr(model, "prefers_channels_last", True):
@@ -254,6 +255,27 @@ def bench_overhead(algorithm: str, base: str, steps: int, settings: Sequence[str
             rows.append([f"{algorithm} / {base}, {precision}, {setting}",
                          f"time {t_alg / t_base:.2f}x (CPU time {cpu_ratio:.2f}x), "
                          f"memory {memory[algorithm] / max(memory[base], 1e-9):.2f}x"])
+    return rows
+
+
+def overhead_algorithms(names: Sequence[str]) -> list[str]:
+    """`--overhead` names; `all` stands for every registered algorithm (and ERM+ModReg)."""
+    if "all" not in names:
+        return list(names)
+    every = [n for n in ALGORITHMS.names() if n != "ERM"] + ["ERM+ModReg"]
+    return list(dict.fromkeys([n for n in names if n != "all"] + every))
+
+
+def bench_overhead_table(algorithms: Sequence[str], base: str, steps: int, setting: str = "MNIST_CNN") -> list[list]:
+    """One row per algorithm: its step time and memory in fp32 and bf16 as multiples of `base`'s,
+    measured as `bench_overhead` measures them (steps alternating with `base`'s, medians)."""
+    rows = []
+    for algorithm in algorithms:
+        cells = bench_overhead(algorithm, base, steps, [setting])
+        ratios = [value for label, value in cells if label.startswith(f"{algorithm} / ")]
+        times = [value for label, value in cells if label.startswith(f"{algorithm} step")]
+        rows.append([f"{algorithm} / {base}, {setting}",
+                     "; ".join(f"{p}: {t.split(',')[0]}, {r}" for p, t, r in zip(("fp32", "bf16"), times, ratios))])
     return rows
 
 
@@ -519,13 +541,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--peer_freq", type=int, default=50, help="peer: checkpoint frequency of the A runs")
     parser.add_argument("--peer_args", default="", help="peer: more `domaingen train` flags, e.g. '--precision bf16'")
     parser.add_argument("--baseline", default="main",
-                        help="fullrun, jobs: the commit to compare with (default main; where main already has "
-                             "--eval_splits, the commit before it was added)")
+                        help="fullrun, jobs: the commit to compare with, as given (default: main, or where main "
+                             "already has --eval_splits, the commit before it was added)")
     parser.add_argument("--jobs", type=int, default=24, help="jobs: how many short MLP jobs the compared sweeps run")
     parser.add_argument("--repeats", type=int, default=1,
                         help="jobs: sweeps of each tree, alternating; the ratio is of the medians")
     parser.add_argument("--overhead", nargs="+", default=["ERM+ModReg"],
-                        help="algorithms whose step is compared with --base (the overhead section)")
+                        help="algorithms whose step is compared with --base (the overhead section); all: every "
+                             "registered one, a row each")
     parser.add_argument("--base", default="ERM")
     parser.add_argument("--overhead_settings", nargs="+", choices=list(OVERHEAD_SETTINGS), default=list(OVERHEAD_SETTINGS),
                         help="overhead: the models and batch sizes to compare the steps in")
@@ -561,8 +584,12 @@ def main(argv: list[str] | None = None) -> int:
 
         rows += main_rows("jobs", data_dir, ns.steps, ns.baseline, ns.jobs, ns.repeats)
     if ns.only in (None, "overhead"):
-        for algorithm in ns.overhead:
-            rows += bench_overhead(algorithm, ns.base, ns.steps, ns.overhead_settings)
+        names = overhead_algorithms(ns.overhead)
+        if len(names) > 1:
+            for setting in ns.overhead_settings:
+                rows += bench_overhead_table(names, ns.base, ns.steps, setting)
+        else:
+            rows += bench_overhead(names[0], ns.base, ns.steps, ns.overhead_settings)
     if ns.only in (None, "images"):
         rows += bench_images(ns.workers)
     if ns.only in (None, "dmg"):
