@@ -280,3 +280,10 @@ def test_records_say_which_weights_and_resume_equals_an_uninterrupted_run(data_d
 
 def _model_state(checkpoint):
     return checkpoint["algorithm"]["model"] if "algorithm" in checkpoint else checkpoint["model"]
+
+
+def test_diagnose_looks_at_the_average_which_predicts():
+    algorithm = build()
+    layers = algorithm.activation_layers()
+    average = dict(algorithm.network_sma.named_modules())
+    assert layers and all(module is average["0." + name.removeprefix("featurizer.")] for name, module in layers.items())

@@ -24,8 +24,11 @@ is how it is optimised and which weights are evaluated:
 DomainBed's hyperparameters: `linear_lr` (5e-5; 10**U(-5, -3.5)), `linear_steps` (500) and
 `lars` (false) under its names; `sma_start_iter` is DomainBed's constant 600 (its
 `ErmPlusPlusMovingAvg.sma_start_iter`), a hyperparameter here so that short runs can average.
-DomainBed's class also holds a ReduceLROnPlateau schedule (`set_lr`) that its training
-script never calls; it is left out. ERM++'s other ingredients (longer training, full-data
+Where ours departs from DomainBed's code, the update is unchanged: during the warm-up no
+gradient flows through the featurizer (DomainBed computes and discards it); DomainBed's
+`lars=True` raises a TypeError (it passes `foreach` to its LARS, which takes none), ours
+runs LARS as that class defines it; DomainBed's class also holds a ReduceLROnPlateau
+schedule (`set_lr`) that its training script never calls, left out here. ERM++'s other ingredients (longer training, full-data
 retraining, its initialisations) are protocol choices, not part of the update: set `steps`
 and `backbone` for them. The average already is the evaluated model, so `X+EMA` and
 `X+SWAD` refuse ERMPlusPlus; `ERMPlusPlus+ModReg` averages the mask logits like weights.
