@@ -572,9 +572,13 @@ def bench_averaging(steps: int, backbone: str = "resnet10t", size: int = 64, per
     wall, cpu = _interleaved_steps(models, steps, device)
     memory = {name: held_memory_mb(model) for name, (model, _) in models.items()}
     for name in ("ERM+EMA", "ERM+SWAD"):
+        model = models[name][0]
+        with torch.no_grad():  # the averaging part of the step alone: steadier than a difference of two steps
+            alone = statistics.median(timed(lambda: model.accumulate(steps + 2)) for _ in range(5))
         rows.append([f"{name} / ERM step, timm:{backbone}, {size}x{size}, 3 x {per_env} per step, fp32",
                      f"time {wall[name] / wall['ERM']:.3f}x (CPU time {cpu[name] / cpu['ERM']:.3f}x; "
-                     f"ERM {wall['ERM'] * 1000:.0f} ms); memory held {memory[name]:.0f} MB vs {memory['ERM']:.0f} MB"])
+                     f"ERM {wall['ERM'] * 1000:.0f} ms); its averaging alone {alone * 1000:.1f} ms "
+                     f"({alone / wall['ERM']:.1%} of ERM's step); memory held {memory[name]:.0f} MB vs {memory['ERM']:.0f} MB"])
     rows += bench_averaging_update(device)
     return rows
 
