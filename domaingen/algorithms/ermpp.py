@@ -28,9 +28,9 @@ Where ours departs from DomainBed's code, the update is unchanged: during the wa
 gradient flows through the featurizer (DomainBed computes and discards it); DomainBed's
 `lars=True` raises a TypeError (it passes `foreach` to its LARS, which takes none), ours
 runs LARS as that class defines it; DomainBed's class also holds a ReduceLROnPlateau
-schedule (`set_lr`) that its training script never calls, left out here. ERM++'s other ingredients (longer training, full-data
-retraining, its initialisations) are protocol choices, not part of the update: set `steps`
-and `backbone` for them. The average already is the evaluated model, so `X+EMA` and
+schedule (`set_lr`) that its training script never calls, left out here. ERM++'s other
+ingredients (longer training, full-data retraining, its initialisations) are protocol
+choices, not part of the update: set `steps` and `backbone` for them. The average already is the evaluated model, so `X+EMA` and
 `X+SWAD` refuse ERMPlusPlus; `ERMPlusPlus+ModReg` averages the mask logits like weights.
 """
 
