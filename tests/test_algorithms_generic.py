@@ -80,6 +80,9 @@ def test_builds_updates_and_predicts(name, shape):
 LOSS_STAYS = {
     "IGA": "DomainBed's penalty weights (>= 10) pin the gradients of 16-example batches to their mean: "
            "the predictor stays constant (loss log 2); it learns with penalty <= 1",
+    "ERMPlusPlus": "DomainBed's defaults train the linear head only, at linear_lr 5e-5, for the first 501 updates; "
+                   "tests/test_algorithms_ermpp.py shows it learning with a short warm-up",
+    "ERMPlusPlus+ModReg": "as ERMPlusPlus",
 }
 
 

@@ -2,7 +2,29 @@
 
 import io
 
+import torch
+
+from domaingen.algorithms import ALGORITHMS
 from domaingen.bench import benchmarks as bench
+
+
+def test_held_memory_counts_the_weight_averages():
+    hparams = {"lr": 1e-3, "weight_decay": 0.0, "featurizer": "MLP", "mlp_width": 8, "mlp_depth": 3,
+               "mlp_dropout": 0.0, "ema_decay": 0.9}
+    batches = [(torch.randn(4, 5), torch.randint(0, 2, (4,))) for _ in range(2)]
+    held = {}
+    for name in ("ERM", "ERM+EMA"):
+        torch.manual_seed(0)
+        model = ALGORITHMS.get(name)((5,), 2, 2, hparams)
+        model.update(batches)
+        held[name] = bench.held_memory_mb(model)
+    # by hand: weights + gradients + Adam's two moments (and its step counts), then one more copy of the weights
+    weights = sum(p.numel() * 4 for p in model.network.parameters())
+    steps = sum(4 for _ in model.network.parameters())  # Adam's float32 step counter per parameter
+    assert held["ERM"] * 2**20 == 4 * weights + steps
+    assert (held["ERM+EMA"] - held["ERM"]) * 2**20 == weights  # the average (its integer counters are not counted)
+
+
 def test_steal_fraction_is_the_share_of_stolen_jiffies():
     # 30 of the 100 jiffies that passed went to other guests.
     assert bench.steal_fraction((10, 1000), (40, 1100)) == 0.3

@@ -431,6 +431,8 @@ class SWADMixin(WeightAveragingMixin):
 
 def _compose(mixin: type, suffix: str):
     def compose(base: type[Algorithm]) -> type[Algorithm]:
+        if base.NO_WEIGHT_AVERAGING:
+            raise DomaingenError(f"{suffix} cannot be composed with {base.__name__}: {base.NO_WEIGHT_AVERAGING}")
         return type(f"{base.__name__}{suffix}", (mixin, base),
                     {"__doc__": f"{base.__name__} with {suffix} weight averaging; see domaingen.algorithms.averaging."})
     return compose

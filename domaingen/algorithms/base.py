@@ -46,6 +46,8 @@ class Algorithm(nn.Module):
     MIN_TRAIN_DOMAINS: ClassVar[int] = 1
     # Why the method is undefined for a one-logit (binary logistic) classifier; empty when it is defined.
     NO_SINGLE_LOGIT: ClassVar[str] = ""
+    # Why weight averaging (X+EMA, X+SWAD) must be refused, e.g. a method that already evaluates an average.
+    NO_WEIGHT_AVERAGING: ClassVar[str] = ""
 
     def __init__(
         self, input_shape: Sequence[int], num_classes: int, num_domains: int, hparams: Mapping[str, Any]

@@ -526,6 +526,136 @@ def bench_images(workers: int = 2, batches: int = 10, per_class: int = 12) -> li
     return rows
 
 
+# small timm models that build offline (pretrained false): a BatchNorm CNN and a ViT
+TIMM_BENCH_MODELS = ("resnet10t", "vit_tiny_patch16_224")
+
+
+def _image_model(name: str, backbone: str, size: int, per_env: int, device: torch.device):
+    """`name` on PACS-shaped inputs (3 training domains of `per_env` size x size images, 7 classes)
+    with the timm model `backbone` (no weights, BatchNorm statistics updating), and its minibatches."""
+    from domaingen.datasets.images import PACS
+
+    shape = (3, size, size)
+    space = run_space("PACS", PACS, ALGORITHMS.get(name))
+    hparams = {**draw_hparams(space, "PACS", 0), "backbone": f"timm:{backbone}", "pretrained": False,
+               "freeze_bn": False, "image_size": size}
+    torch.manual_seed(0)
+    model = place_model(ALGORITHMS.get(name)(shape, 7, 3, hparams), device, shape)
+    g = torch.Generator().manual_seed(0)
+    batches = [(torch.rand(per_env, *shape, generator=g).to(device), torch.randint(0, 7, (per_env,), generator=g).to(device))
+               for _ in range(3)]
+    if getattr(model, "prefers_channels_last", True):
+        batches = [(x.contiguous(memory_format=torch.channels_last), y) for x, y in batches]
+    return model, batches
+
+
+def _interleaved_steps(models: dict, steps: int, device: torch.device) -> tuple[dict, dict]:
+    """Median wall and process-CPU seconds of each model's `update`, the models' steps alternating
+    (after 2 warm-up rounds) so that a change of the machine's load touches all alike."""
+    times: dict[str, list[float]] = {name: [] for name in models}
+    cpu_times: dict[str, list[float]] = {name: [] for name in models}
+    for i in range(steps + 2):
+        for name, (model, batches) in models.items():
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            start, cpu_start = time.perf_counter(), time.process_time()
+            model.update(batches)
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            if i >= 2:
+                times[name].append(time.perf_counter() - start)
+                cpu_times[name].append(time.process_time() - cpu_start)
+    return ({k: statistics.median(v) for k, v in times.items()}, {k: statistics.median(v) for k, v in cpu_times.items()})
+
+
+def bench_timm_backbones(steps: int, size: int = 64, per_env: int = 8,
+                         backbones: Sequence[str] = TIMM_BENCH_MODELS) -> list[list]:
+    """ERM's training throughput and memory with small timm backbones (fp32, no weights needed)."""
+    device = resolve_device("auto")
+    rows = []
+    for backbone in backbones:
+        model, batches = _image_model("ERM", backbone, size, per_env, device)
+        wall, _ = _interleaved_steps({"ERM": (model, batches)}, steps, device)
+        memory = step_memory_mb(model, batches, device, "fp32") + state_memory_mb(model)
+        n_params = sum(p.numel() for p in model.parameters()) / 1e6
+        images = 3 * per_env
+        rows.append([f"ERM step, timm:{backbone} ({n_params:.1f} M parameters), {size}x{size}, 3 x {per_env} per step, fp32",
+                     f"{images / wall['ERM']:.0f} images/s ({wall['ERM'] * 1000:.0f} ms/step), {memory:.0f} MB"])
+    return rows
+
+
+def bench_averaging(steps: int, backbone: str = "resnet10t", size: int = 64, per_env: int = 8) -> list[list]:
+    """The per-step cost of weight averaging: ERM+EMA's and ERM+SWAD's steps against ERM's, and the
+    averaging update alone over a ResNet-50's weights with the bytes it moves.
+
+    SWAD's step adds its segment's running mean (one fused lerp over every weight); closing a
+    segment (a copy of the weights to the host) happens at checkpoints only, not in this step.
+    """
+    device = resolve_device("auto")
+    rows = []
+    models = {name: _image_model(name, backbone, size, per_env, device) for name in ("ERM", "ERM+EMA", "ERM+SWAD")}
+    wall, cpu = _interleaved_steps(models, steps, device)
+    memory = {name: held_memory_mb(model) for name, (model, _) in models.items()}
+    for name in ("ERM+EMA", "ERM+SWAD"):
+        model = models[name][0]
+        with torch.no_grad():  # the averaging part of the step alone: steadier than a difference of two steps
+            alone = statistics.median(timed(lambda: model.accumulate(steps + 2)) for _ in range(5))
+        rows.append([f"{name} / ERM step, timm:{backbone}, {size}x{size}, 3 x {per_env} per step, fp32",
+                     f"time {wall[name] / wall['ERM']:.3f}x (CPU time {cpu[name] / cpu['ERM']:.3f}x; "
+                     f"ERM {wall['ERM'] * 1000:.0f} ms); its averaging alone {alone * 1000:.1f} ms "
+                     f"({alone / wall['ERM']:.1%} of ERM's step); memory held {memory[name]:.0f} MB vs {memory['ERM']:.0f} MB"])
+    rows += bench_averaging_update(device)
+    return rows
+
+
+def held_memory_mb(model) -> float:
+    """What a model holds between steps, in MB: its floating-point state (weights, buffers, weight
+    averages), gradients, every optimizer's state, and SWAD's open segment (kept outside the state)."""
+    tensors = [t for t in model.state_dict().values() if torch.is_floating_point(t)]
+    tensors += [p.grad for p in model.parameters() if p.grad is not None]
+    for optimizer in model.optimizers().values():
+        tensors += [t for state in optimizer.state.values() for t in state.values() if torch.is_tensor(t)]
+    tensors += list((getattr(model, "_segment", None) or {}).values())
+    unique = {(t.data_ptr(), t.numel()): t for t in tensors}  # a module under two names (featurizer, network.0) once
+    return sum(t.numel() * t.element_size() for t in unique.values()) / 2**20
+
+
+def bench_averaging_update(device: torch.device, repeat: int = 10) -> list[list]:
+    """EMA's update (avg <- avg + (1 - decay)(w - avg), one fused lerp; SWAD's segment mean is the same
+    operation) over a ResNet-50's floating-point weights, against a plain copy of as many bytes:
+    the update reads two tensors and writes one, so it is bound by memory bandwidth, not arithmetic."""
+    import torchvision
+
+    net = torchvision.models.resnet50(weights=None).to(device)
+    live = [t.detach() for t in net.state_dict().values() if torch.is_floating_point(t)]
+    average = [t.clone() for t in live]
+    n_floats = sum(t.numel() for t in live)
+    moved = 3 * 4 * n_floats  # read avg, read w, write avg; fp32
+
+    def sync() -> None:
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
+    def lerp() -> None:
+        torch._foreach_lerp_(average, live, 0.001)
+        sync()
+
+    flat_in = torch.empty(n_floats, device=device).uniform_()
+    flat_out = torch.empty_like(flat_in)
+
+    def copy() -> None:
+        flat_out.copy_(flat_in)
+        sync()
+
+    lerp(), copy()  # warm-up
+    t_lerp = statistics.median(timed(lerp) for _ in range(repeat))
+    t_copy = statistics.median(timed(copy) for _ in range(repeat))
+    lerp_rate, copy_rate = moved / t_lerp / 1e9, 2 * 4 * n_floats / t_copy / 1e9
+    return [[f"averaging update alone, ResNet-50 weights ({n_floats / 1e6:.1f} M floats, {moved / 1e6:.0f} MB moved), fp32",
+             f"{t_lerp * 1000:.1f} ms ({lerp_rate:.1f} GB/s; a plain copy moves {copy_rate:.1f} GB/s: "
+             f"{lerp_rate / copy_rate:.0%} of it)"]]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--data_dir", default=None)
@@ -553,6 +683,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--overhead_settings", nargs="+", choices=list(OVERHEAD_SETTINGS), default=list(OVERHEAD_SETTINGS),
                         help="overhead: the models and batch sizes to compare the steps in")
     parser.add_argument("--workers", type=int, default=2, help="images: DataLoader workers to measure")
+    parser.add_argument("--timm_models", nargs="+", default=list(TIMM_BENCH_MODELS),
+                        help="images: timm models whose ERM step is measured (built without weights)")
+    parser.add_argument("--averaging_backbone", default="resnet10t",
+                        help="images: the timm model ERM, ERM+EMA and ERM+SWAD steps are compared on")
+    parser.add_argument("--image_size", type=int, default=64, help="images: the side of the generated images")
     ns = parser.parse_args(argv)
     data_dir = resolve_data_dir(ns.data_dir)
     if ns.only == "peer":
@@ -592,6 +727,8 @@ def main(argv: list[str] | None = None) -> int:
             rows += bench_overhead(names[0], ns.base, ns.steps, ns.overhead_settings)
     if ns.only in (None, "images"):
         rows += bench_images(ns.workers)
+        rows += bench_timm_backbones(max(3, ns.steps // 4), ns.image_size, backbones=ns.timm_models)
+        rows += bench_averaging(max(3, ns.steps // 4), ns.averaging_backbone, ns.image_size)
     if ns.only in (None, "dmg"):
         rows += bench_dmg(data_dir, max(1, ns.steps // 2))
     if ns.only in (None, "report"):
