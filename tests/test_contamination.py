@@ -225,3 +225,79 @@ def test_every_checkpoint_records_projections_equal_to_the_saved_weights(tmp_pat
     assert last["fc_id_risk"] == last["fc_risk_s0"] and last["fc_ood_risk"] == last["fc_risk_s1"]
     assert set(k for k in last if k.startswith("fc_acc_")) == {f"fc_acc_s{s}" for s in ("0", "0.25", "0.5", "0.75", "1")}
     assert last["data_source"] == dataset.data_source
+
+
+# ---- diagnose and report -------------------------------------------------------------------
+
+
+def test_class_asymmetry_by_hand():
+    from domaingen.inspect.contamination import class_asymmetry
+
+    pre = torch.tensor([[2.0, -1.0, 0.0], [1.0, -2.0, 0.0], [1.0, 3.0, -1.0], [-5.0, 1.0, 0.0]])
+    labels = torch.tensor([0, 0, 1, 1])
+    asym = class_asymmetry(pre, labels, 2)
+    # neuron 0: class 0 sums 3, class 1 sums 1 -> 3/4; neuron 1: 0 vs 4 -> 1; neuron 2 never positive -> NaN
+    assert asym[:2].tolist() == pytest.approx([0.75, 1.0]) and math.isnan(asym[2].item())
+
+
+@pytest.fixture(scope="module")
+def diagnosed(tmp_path_factory):
+    out = tmp_path_factory.mktemp("fc") / "run"
+    assert main(["-q", "train", "--dataset", "FeatureContamination", "--algorithm", "ERM", "--test_envs", "2",
+                 "--steps", "21", "--checkpoint_freq", "10", "--hparams", '{"mlp_width": 8, "activation": "tanh"}',
+                 "--output_dir", str(out)]) == 0
+    assert main(["-q", "diagnose", str(out), "--max_examples", "50"]) == 0
+    return out
+
+
+def test_diagnose_adds_per_neuron_projections_and_asymmetry(diagnosed):
+    from domaingen.run.reload import load_run
+
+    result = json.loads((diagnosed / "diagnostics.json").read_text())
+    section = result["sections"]["feature_contamination"]["first_layer"]
+    loaded = load_run(diagnosed)
+    weight = loaded.algorithm.featurizer.hidden.weight.detach()
+    dataset = loaded.dataset
+    for j in range(8):
+        z = dataset.dictionary @ weight[j]
+        assert section["core_projection_per_neuron"][j] == pytest.approx(float(z[:32].norm()), abs=1e-5)
+        assert section["background_projection_per_neuron"][j] == pytest.approx(float(z[32:].norm()), abs=1e-5)
+    # the record of the selected step carries the same means
+    record = next(json.loads(line) for line in (diagnosed / "results.jsonl").read_text().splitlines()
+                  if json.loads(line)["step"] == result["step"])
+    assert section["background_projection"] == pytest.approx(record["fc_background_projection"], rel=1e-5)
+    # asymmetry recomputed from the training environments' out splits (50 examples each)
+    xs, ys = [], []
+    for env in (0, 1):
+        split = loaded.splits[env][1]
+        x, y = split.batch(slice(0, 50))
+        xs.append(x)
+        ys.append(y)
+    x, y = torch.cat(xs), torch.cat(ys)
+    with torch.no_grad():
+        pre = loaded.algorithm.featurizer.hidden(x).clamp(min=0)
+    shares = [max(pre[y == c, j].sum() for c in (0, 1)) / pre[:, j].sum() for j in range(8)]
+    expected = [None if math.isnan(float(v)) else pytest.approx(float(v), abs=1e-5) for v in shares]
+    assert section["asymmetry_per_neuron"] == expected  # a neuron never positive has none (null)
+    # a tanh network: diagnose reads its declared activation module
+    assert list(result["layers"]) == ["featurizer.act"]
+
+
+def test_report_draws_projections_over_steps(diagnosed, tmp_path):
+    pytest.importorskip("matplotlib")
+    import shutil
+
+    from domaingen.inspect.report import build_report
+
+    sweep = tmp_path / "sweep"
+    shutil.copytree(diagnosed, sweep / "run")
+    report = build_report(sweep, tmp_path / "out", keep_figures=True)
+    spec = next(f for f in report.figures if f.name.endswith("_contamination.png"))
+    records = [json.loads(line) for line in (diagnosed / "results.jsonl").read_text().splitlines()]
+    assert spec.data["fc_background_projection"] == {"x": [r["step"] for r in records],
+                                                     "y": [r["fc_background_projection"] for r in records]}
+    assert sorted(k for k in spec.data if k.startswith("fc_acc_s")) == [f"fc_acc_s{s}" for s in ("0", "0.25", "0.5", "0.75", "1")]
+    assert len(spec.data["per_neuron"]["asymmetry"]) == 8
+    assert "feature contamination" in spec.figure.texts[0].get_text()
+    losses = next(f for f in report.figures if f.name.endswith("_losses.png"))
+    assert not any(k.startswith("fc_") for k in losses.data)

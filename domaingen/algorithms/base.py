@@ -115,11 +115,15 @@ class Algorithm(nn.Module):
     def activation_layers(self) -> dict[str, nn.Module]:
         """The modules whose outputs are post-nonlinearity activations, by name (for neuron statistics).
 
-        Default: every nn.ReLU under `featurizer` (or the whole model without one); in a
+        Default: the featurizer's own `activation_modules()` when it has one, else every nn.ReLU
+        under `featurizer` (or the whole model without one); in a
         torchvision ResNet, whose ReLU modules run several times per block, the outputs of
         layer1..layer4 (each block ends in a ReLU).
         """
         root, prefix = (self.featurizer, "featurizer.") if isinstance(getattr(self, "featurizer", None), nn.Module) else (self, "")
+        declared = getattr(root, "activation_modules", None)
+        if callable(declared):  # a featurizer that names its activations (TwoLayer, whose activation is a choice)
+            return {prefix + name: m for name, m in declared().items()}
         resnet = getattr(root, "resnet", None)
         if isinstance(resnet, nn.Module) and all(hasattr(resnet, f"layer{i}") for i in range(1, 5)):
             return {f"{prefix}resnet.layer{i}": getattr(resnet, f"layer{i}") for i in range(1, 5)}

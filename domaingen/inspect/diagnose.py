@@ -30,8 +30,10 @@ def diagnostic_split(loaded: LoadedRun, env: int, max_examples: int) -> Split:
     return Split(split.env, split.index[:max_examples])
 
 
-def environment_activations(loaded: LoadedRun, split: Split) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
-    """(per layer [examples, neurons] activations, labels) of the algorithm on `split`."""
+def environment_activations(loaded: LoadedRun, split: Split,
+                            fired: dict[str, torch.Tensor] | None = None) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+    """(per layer [examples, neurons] activations, labels) of the algorithm on `split`; `fired`, when
+    given, receives the per-position firing fractions (see neurons.capture_activations)."""
     algorithm = loaded.algorithm
     labels: list[torch.Tensor] = []
 
@@ -43,7 +45,7 @@ def environment_activations(loaded: LoadedRun, split: Split) -> tuple[dict[str, 
     was_training = algorithm.training
     algorithm.eval()
     try:
-        acts = capture_activations(algorithm.activation_forward, algorithm.activation_layers(), inputs())
+        acts = capture_activations(algorithm.activation_forward, algorithm.activation_layers(), inputs(), fired)
     finally:
         algorithm.train(was_training)
     return acts, torch.cat(labels) if labels else torch.zeros(0, dtype=torch.long)
@@ -54,9 +56,11 @@ def diagnose(loaded: LoadedRun, max_examples: int = DEFAULT_MAX_EXAMPLES) -> dic
     num_classes = loaded.dataset.num_classes
     envs = []
     per_env: dict[int, tuple[dict[str, torch.Tensor], torch.Tensor]] = {}
+    fired: dict[int, dict[str, torch.Tensor]] = {}
     for i in range(len(loaded.splits)):
         split = diagnostic_split(loaded, i, max_examples)
-        per_env[i] = environment_activations(loaded, split)
+        fired[i] = {}
+        per_env[i] = environment_activations(loaded, split, fired[i])
         envs.append({"index": i, "name": split.env.name, "role": "test" if i in loaded.test_envs else "train",
                      "split": "in" if i in loaded.test_envs else "out", "examples": len(split)})
     layers: dict[str, Any] = {}
@@ -64,13 +68,13 @@ def diagnose(loaded: LoadedRun, max_examples: int = DEFAULT_MAX_EXAMPLES) -> dic
     for name in layer_names:
         entry: dict[str, Any] = {"neurons": int(per_env[0][0][name].shape[1]), "per_env": {}}
         for i, (acts, labels) in per_env.items():
-            entry["per_env"][f"env{i}"] = layer_statistics(acts[name], labels, num_classes)
+            entry["per_env"][f"env{i}"] = layer_statistics(acts[name], labels, num_classes, fired[i][name])
         for role in ("train", "test"):
             members = [i for i in per_env if (i in loaded.test_envs) == (role == "test")]
             if members:
                 acts = torch.cat([per_env[i][0][name] for i in members])
                 labels = torch.cat([per_env[i][1] for i in members])
-                entry[role] = layer_statistics(acts, labels, num_classes)
+                entry[role] = layer_statistics(acts, labels, num_classes, torch.cat([fired[i][name] for i in members]))
         layers[name] = entry
     return {
         "run": str(loaded.path),
@@ -84,8 +88,22 @@ def diagnose(loaded: LoadedRun, max_examples: int = DEFAULT_MAX_EXAMPLES) -> dic
         "max_examples": max_examples,
         "environments": envs,
         "layers": layers,
-        "sections": loaded.algorithm.model_diagnostics(),
+        "sections": {**loaded.algorithm.model_diagnostics(), **_contamination(loaded, max_examples)},
     }
+
+
+def _contamination(loaded: LoadedRun, max_examples: int) -> dict[str, Any]:
+    """FeatureContamination's section (inspect/contamination.py) on the training environments' held-out examples."""
+    if not hasattr(loaded.dataset, "core_basis"):
+        return {}
+    from domaingen.inspect.contamination import SECTION, contamination_section
+
+    splits = [diagnostic_split(loaded, i, max_examples) for i in range(len(loaded.splits)) if i not in loaded.test_envs]
+    batches = [split.batch(slice(0, len(split))) for split in splits]
+    x = torch.cat([b[0] for b in batches])
+    labels = torch.cat([b[1] for b in batches])
+    section = contamination_section(loaded.algorithm, loaded.dataset, to_device(x, loaded.device), labels)
+    return {SECTION: section} if section else {}
 
 
 DEFAULT_MASK_STEPS = 300

@@ -124,6 +124,10 @@ class TwoLayer(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.act(self.hidden(self.flatten(x)))
 
+    def activation_modules(self) -> dict[str, nn.Module]:
+        """The module whose outputs are the hidden activations, whatever the activation (for `diagnose`)."""
+        return {"act": self.act}
+
 
 RESNETS = ("resnet18", "resnet50")
 WEIGHTS_ENV = "DOMAINGEN_WEIGHTS"
