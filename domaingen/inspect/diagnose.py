@@ -121,6 +121,9 @@ class _Predict(torch.nn.Module):
         return self.alg.predict(x)
 
 
+MASK_HISTOGRAM_BINS = 20
+
+
 def domain_weight_masks(
     loaded: LoadedRun,
     steps: int = DEFAULT_MASK_STEPS,
@@ -128,10 +131,18 @@ def domain_weight_masks(
     alpha: float | None = None,
     max_examples: int = DEFAULT_MAX_EXAMPLES,
 ) -> dict[str, Any]:
-    """Csordás-style weight masks, one per training domain on its `in` split, and their overlap per layer.
+    """Csordás-style weight masks, one per training domain on its `in` split, and Csordás et al.'s tests.
 
-    Also each domain's accuracy, with its own mask, on (at most `max_examples` of) its `out`
-    split, beside the unmasked network's: a mask that keeps what the domain needs keeps its accuracy.
+    Besides each layer's kept fractions, overlaps (IoU) and asymmetric sharing s(t, r):
+    `accuracy_matrix[t][e]`, the accuracy of domain t's mask on environment e's diagnostic
+    examples (a training environment's `out` split, the held-out one's `in` split, as for
+    the neuron statistics), `inverted_accuracy_matrix` the same with the inverted mask (only
+    the weights t's mask removed), `unmasked_accuracy` per environment, a `control` mask
+    trained on every training domain together at the same alpha (its accuracies, inverted
+    ones and kept fraction), and `probability_histogram`: per mask, the counts of
+    sigmoid(logit) over all masked weights in MASK_HISTOGRAM_BINS equal bins of [0, 1].
+    `accuracy` keeps the earlier summary: each domain's masked and unmasked accuracy on its
+    own `out` split.
     """
     from torch.func import functional_call
 
@@ -139,13 +150,19 @@ def domain_weight_masks(
     from domaingen.inspect.domain_masks import (
         MASK_ALPHA,
         MASK_LR,
+        check_mask_options,
         mask_overlap,
+        mask_sharing,
         maskable_weights,
         masked_accuracy,
-        train_weight_mask,
+        train_mask_logits,
     )
+    from domaingen.masks import eval_mask
+    from domaingen.stats import histogram
 
     alpha = MASK_ALPHA if alpha is None else float(alpha)
+    train_envs = [i for i in range(len(loaded.splits)) if i not in loaded.test_envs]
+    check_mask_options(len(train_envs), alpha)
 
     algorithm = loaded.algorithm
     wrapper = _Predict(algorithm)
@@ -155,33 +172,72 @@ def domain_weight_masks(
     def forward(masked: dict[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
         return functional_call(wrapper, masked, (x,), strict=False)
 
-    train_envs = [i for i in range(len(loaded.splits)) if i not in loaded.test_envs]
-    per_domain, accuracy = [], []
+    env_splits = [diagnostic_split(loaded, e, max_examples) for e in range(len(loaded.splits))]
+
+    def accuracies(masks: dict[str, torch.Tensor]) -> list[float]:
+        return [masked_accuracy(forward, weights, masks, ((to_device(x, loaded.device), y)
+                                for x, y in loaded.dataset.eval_batches(split, BATCH_SIZE))) for split in env_splits]
+
+    def train(splits: list, seed: int) -> dict[str, torch.Tensor]:
+        sampler = loaded.dataset.minibatch_sampler(splits, batch_size, seed, loaded.device)
+
+        def batches():
+            while True:
+                parts = sampler.next()
+                yield torch.cat([x for x, _ in parts]), torch.cat([y for _, y in parts])
+
+        return train_mask_logits(forward, weights, batches(), classification_loss, steps, alpha=alpha)
+
     everything = {name: torch.ones_like(w, dtype=torch.bool) for name, w in weights.items()}
+    logits_per_mask: list[dict[str, torch.Tensor]] = []
     was_training = algorithm.training
     algorithm.eval()
     try:
         for d, env in enumerate(train_envs):
-            sampler = loaded.dataset.minibatch_sampler([loaded.splits[env][0]], batch_size, loaded.args["seed"] + d,
-                                                       loaded.device)
-            batches = (sampler.next()[0] for _ in iter(int, 1))
-            masks = train_weight_mask(forward, weights, batches, classification_loss, steps, alpha=alpha)
-            per_domain.append(masks)
-            split = loaded.splits[env][1]
-            split = Split(split.env, split.index[:max_examples])
-
-            def held_out():
-                return ((to_device(x, loaded.device), y) for x, y in loaded.dataset.eval_batches(split, BATCH_SIZE))
-
-            accuracy.append({"domain": loaded.dataset.environments[env].name,
-                             "masked": masked_accuracy(forward, weights, masks, held_out()),
-                             "unmasked": masked_accuracy(forward, weights, everything, held_out())})
+            logits_per_mask.append(train([loaded.splits[env][0]], loaded.args["seed"] + d))
             log.info("domain mask %d/%d trained (%d steps)", d + 1, len(train_envs), steps)
+        control_logits = train([loaded.splits[e][0] for e in train_envs], loaded.args["seed"] + len(train_envs))
+        log.info("control mask (every training domain) trained (%d steps)", steps)
+        per_domain = [{n: eval_mask(l).bool() for n, l in logits.items()} for logits in logits_per_mask]
+        control = {n: eval_mask(l).bool() for n, l in control_logits.items()}
+        matrix = [accuracies(m) for m in per_domain]
+        inverted = [accuracies({n: ~v for n, v in m.items()}) for m in per_domain]
+        unmasked = accuracies(everything)
+        control_entry = {"accuracy": accuracies(control), "inverted_accuracy": accuracies({n: ~v for n, v in control.items()}),
+                         "kept_fraction": _kept(control)}
     finally:
         algorithm.train(was_training)
+    names = [loaded.dataset.environments[e].name for e in train_envs]
     layers = {}
     for name in weights:
         stacked = torch.stack([masks[name].flatten().cpu() for masks in per_domain])
-        layers[name[len("alg."):].removesuffix(".weight")] = {"weights": int(stacked.shape[1]), **mask_overlap(stacked)}
-    return {"domains": [loaded.dataset.environments[e].name for e in train_envs], "steps": steps,
-            "batch_size": batch_size, "mask_lr": MASK_LR, "alpha": alpha, "accuracy": accuracy, "layers": layers}
+        layers[name[len("alg."):].removesuffix(".weight")] = {
+            "weights": int(stacked.shape[1]), **mask_overlap(stacked), "sharing": mask_sharing(stacked),
+            "control_kept_fraction": float(control[name].double().mean())}
+    whole = torch.stack([torch.cat([m[n].flatten().cpu() for n in weights]) for m in per_domain])
+
+    def probabilities(logits: dict[str, torch.Tensor]) -> list[int]:
+        return histogram(torch.sigmoid(torch.cat([l.flatten().float().cpu() for l in logits.values()])), MASK_HISTOGRAM_BINS)
+
+    return {
+        "domains": names, "steps": steps, "batch_size": batch_size, "mask_lr": MASK_LR, "alpha": alpha,
+        "accuracy": [{"domain": names[d], "masked": matrix[d][env], "unmasked": unmasked[env]}
+                     for d, env in enumerate(train_envs)],
+        "environments": [split.env.name for split in env_splits],
+        "test_envs": list(loaded.test_envs),
+        "accuracy_matrix": matrix,
+        "inverted_accuracy_matrix": inverted,
+        "unmasked_accuracy": unmasked,
+        "control": control_entry,
+        "sharing": mask_sharing(whole),
+        "probability_histogram": {"bins": MASK_HISTOGRAM_BINS,
+                                  "counts": {**{names[d]: probabilities(l) for d, l in enumerate(logits_per_mask)},
+                                             "control": probabilities(control_logits)}},
+        "layers": layers,
+    }
+
+
+def _kept(masks: dict[str, torch.Tensor]) -> float:
+    """The share of all masked weights a mask keeps."""
+    kept = sum(int(m.sum()) for m in masks.values())
+    return kept / max(1, sum(m.numel() for m in masks.values()))

@@ -300,6 +300,54 @@ def contamination_figures(name: str, label: str, records, diagnostics: dict[str,
     return [FigureSpec(f"{name}_contamination.png", caption, fig, data)]
 
 
+def domain_mask_figures(name: str, label: str, diagnostics: dict[str, Any] | None, plt) -> list[FigureSpec]:
+    """`diagnose --domain_masks` (Csordás et al.'s tests): the mask-by-environment accuracy heatmap
+    (each training domain's mask, the control mask and the unmasked network; inverted masks
+    beside them) and the histogram of every mask's keep probabilities."""
+    masks = (diagnostics or {}).get("domain_masks") or {}
+    if "accuracy_matrix" not in masks:
+        return []
+    envs = [f"{e}{'*' if i in masks.get('test_envs', []) else ''}" for i, e in enumerate(masks["environments"])]
+    rows = [f"mask {d}" for d in masks["domains"]] + ["control", "unmasked"]
+    kept = np.array(masks["accuracy_matrix"] + [masks["control"]["accuracy"], masks["unmasked_accuracy"]], dtype=float)
+    inverted = np.array(masks["inverted_accuracy_matrix"] + [masks["control"]["inverted_accuracy"]], dtype=float)
+    fig, axes = plt.subplots(1, 3, figsize=(4.0 + 1.8 * len(envs), 0.9 + 0.45 * len(rows)), dpi=DPI, squeeze=False)
+    for ax, matrix, labels, title in ((axes[0, 0], kept, rows, "mask kept"),
+                                      (axes[0, 1], inverted, rows[:-1], "inverted mask")):
+        image = ax.imshow(matrix, vmin=0, vmax=1, cmap="viridis", aspect="auto")
+        for (i, j), value in np.ndenumerate(matrix):
+            ax.text(j, i, f"{100 * value:.0f}", ha="center", va="center", fontsize=7,
+                    color="black" if value > 0.6 else "white")
+        ax.set_xticks(range(len(envs)), envs, fontsize=7)
+        ax.set_yticks(range(len(labels)), labels, fontsize=7)
+        ax.set_title(f"accuracy, {title}", fontsize=8)
+    fig.colorbar(image, ax=axes[0, 1], fraction=0.05)
+    ax = axes[0, 2]
+    counts = masks["probability_histogram"]["counts"]
+    bins = int(masks["probability_histogram"]["bins"])
+    edges = np.linspace(0, 1, bins + 1)
+    for k, (mask, values) in enumerate(counts.items()):
+        ax.stairs(np.maximum(np.array(values, dtype=float), 0.5), edges, label=mask,
+                  color="black" if mask == "control" else f"C{k}", linestyle="--" if mask == "control" else "-")
+    ax.set_yscale("log")
+    ax.set_xlabel("sigmoid(mask logit)", fontsize=7)
+    ax.set_ylabel("weights", fontsize=7)
+    ax.set_title("keep probabilities", fontsize=8)
+    ax.legend(fontsize=6)
+    for a in axes.flat:
+        a.tick_params(labelsize=7)
+    fig.suptitle(f"{label}: domain weight masks (alpha {masks.get('alpha')}, {masks.get('steps')} steps; * held out)",
+                 fontsize=9)
+    fig.subplots_adjust(left=0.12, right=0.98, bottom=0.2, top=0.8, wspace=0.6)
+    data = {"environments": envs, "rows": rows, "accuracy": kept.tolist(), "inverted_accuracy": inverted.tolist(),
+            "histogram": counts}
+    return [FigureSpec(f"{name}_domain_masks.png", f"{label}: Csordás et al.'s tests on per-domain weight masks "
+                       "(diagnose --domain_masks): accuracy (%) of each mask on every environment, of the same masks "
+                       "inverted (only the weights they removed), and the distribution of keep probabilities; "
+                       "a control mask trained on every training domain that loses accuracy means alpha is too strong.",
+                       fig, data)]
+
+
 def mask_matrices(run_dir: Path, diagnostics: dict[str, Any] | None) -> dict[str, list[list[float]]]:
     """Domain x neuron mask probabilities: diagnostics.json's sections, else the selected weights' `masks.logits.*`."""
     if diagnostics:
@@ -342,6 +390,7 @@ def run_figures(run_dir: Path, label: str, test_envs: Sequence[int], step: int |
     if diagnostics and diagnostics.get("layers"):
         figures.append(selectivity_histograms(name, label, diagnostics, plt))
     figures += contamination_figures(name, label, records, diagnostics, plt)
+    figures += domain_mask_figures(name, label, diagnostics, plt)
     return figures
 
 
