@@ -301,3 +301,12 @@ def test_report_draws_projections_over_steps(diagnosed, tmp_path):
     assert "feature contamination" in spec.figure.texts[0].get_text()
     losses = next(f for f in report.figures if f.name.endswith("_losses.png"))
     assert not any(k.startswith("fc_") for k in losses.data)
+
+
+def test_dmg_masks_the_two_layer_networks_hidden_layer_by_default():
+    from domaingen.algorithms import ALGORITHMS
+
+    space = ALGORITHMS.get("DMG").hparam_space()
+    hparams = {**{k: v.default for k, v in space.items()}, "lr": 1e-3, "featurizer": "TwoLayer", "mlp_width": 8}
+    dmg = ALGORITHMS.get("DMG")((16,), 2, 2, hparams)
+    assert dmg.mask_layers == ["classifier"] and dmg.classifier.in_features == 8
