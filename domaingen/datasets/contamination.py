@@ -261,5 +261,6 @@ def probe_risk(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, device:
         model.train(was_training)
     if logits.shape[1] == 1:
         logit = logits[:, 0]
-        return float(F.binary_cross_entropy_with_logits(logit, y.float())), float(((logit > 0).long() == y).float().mean())
+        risk = F.binary_cross_entropy_with_logits(logit, y.float())
+        return float(risk), float(((logit > 0).long() == y).float().mean())
     return float(F.cross_entropy(logits, y)), float((logits.argmax(1) == y).float().mean())

@@ -36,7 +36,8 @@ def class_asymmetry(pre_activations: torch.Tensor, labels: torch.Tensor, num_cla
     return torch.where(total > 0, per_class.max(0).values / total, torch.full_like(total, float("nan")))
 
 
-def per_neuron_projections(weight: torch.Tensor, core: torch.Tensor, background: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def per_neuron_projections(weight: torch.Tensor, core: torch.Tensor,
+                           background: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Per neuron (row of `weight`), the norms of its projections onto the core and background rows."""
     return (weight @ core.T).norm(dim=1), (weight @ background.T).norm(dim=1)
 
@@ -59,7 +60,8 @@ def first_layer_pre_activations(model: torch.nn.Module, n_inputs: int, x: torch.
     return captured[0] if captured else None
 
 
-def contamination_section(model: torch.nn.Module, dataset: Any, x: torch.Tensor, labels: torch.Tensor) -> dict[str, Any]:
+def contamination_section(model: torch.nn.Module, dataset: Any, x: torch.Tensor,
+                          labels: torch.Tensor) -> dict[str, Any]:
     """The `feature_contamination` section of diagnostics.json ({} for other datasets), keyed by layer.
 
     `x`, `labels`: the examples the asymmetry is measured on (diagnose passes the training

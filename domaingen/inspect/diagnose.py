@@ -203,7 +203,8 @@ def domain_weight_masks(
         matrix = [accuracies(m) for m in per_domain]
         inverted = [accuracies({n: ~v for n, v in m.items()}) for m in per_domain]
         unmasked = accuracies(everything)
-        control_entry = {"accuracy": accuracies(control), "inverted_accuracy": accuracies({n: ~v for n, v in control.items()}),
+        control_entry = {"accuracy": accuracies(control),
+                         "inverted_accuracy": accuracies({n: ~v for n, v in control.items()}),
                          "kept_fraction": _kept(control)}
     finally:
         algorithm.train(was_training)
@@ -217,7 +218,8 @@ def domain_weight_masks(
     whole = torch.stack([torch.cat([m[n].flatten().cpu() for n in weights]) for m in per_domain])
 
     def probabilities(logits: dict[str, torch.Tensor]) -> list[int]:
-        return histogram(torch.sigmoid(torch.cat([l.flatten().float().cpu() for l in logits.values()])), MASK_HISTOGRAM_BINS)
+        probs = torch.sigmoid(torch.cat([l.flatten().float().cpu() for l in logits.values()]))
+        return histogram(probs, MASK_HISTOGRAM_BINS)
 
     return {
         "domains": names, "steps": steps, "batch_size": batch_size, "mask_lr": MASK_LR, "alpha": alpha,
