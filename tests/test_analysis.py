@@ -17,6 +17,7 @@ from domaingen.inspect.neurons import (
     capture_activations,
     class_means,
     layer_statistics,
+    neuron_activations,
     selectivity,
 )
 from domaingen.stats import histogram, summary
@@ -206,3 +207,38 @@ def test_every_algorithm_can_be_diagnosed(name):
     else:
         assert torch.allclose(acts["featurizer.layers.3"], hidden)
     json.loads(to_json(model.model_diagnostics()))
+
+
+def test_activation_rate_of_a_channel_counts_positions_not_any_position():
+    from domaingen.inspect.neurons import firing_fractions
+
+    # two examples (class 0, class 1), two channels, 2x2 maps (already post-ReLU)
+    maps = torch.tensor([
+        [[[1.0, 0.0], [0.0, 0.0]], [[2.0, 3.0], [1.0, 4.0]]],   # example 0: channel 0 fires at 1/4, channel 1 at 4/4
+        [[[0.0, 0.0], [5.0, 6.0]], [[0.0, 0.0], [0.0, 0.0]]],   # example 1: channel 0 at 2/4, channel 1 at 0/4
+    ])
+    labels = torch.tensor([0, 1])
+    fired = firing_fractions(maps)
+    assert fired.tolist() == [[0.25, 1.0], [0.5, 0.0]]
+    rates = activation_rates(neuron_activations(maps), labels, 2, fired)
+    assert rates.tolist() == [[0.25, 1.0], [0.5, 0.0]]
+    # "any position fired" would have said channel 0 fires on every example of both classes
+    assert activation_rates(neuron_activations(maps), labels, 2)[:, 0].tolist() == [1.0, 1.0]
+    stats = layer_statistics(neuron_activations(maps), labels, 2, fired)
+    assert stats["activation_rate_per_class"] == pytest.approx([(0.25 + 1.0) / 2, (0.5 + 0.0) / 2])
+    # pooled over examples of one class: positions x examples where the channel fires
+    two = torch.cat([maps, maps[:1]])
+    pooled = activation_rates(neuron_activations(two), torch.tensor([0, 1, 1]), 2, firing_fractions(two))
+    assert pooled[1, 0].item() == pytest.approx((2 + 1) / 8)
+
+
+def test_capture_reports_firing_fractions_per_position():
+    conv = nn.Conv2d(1, 2, 1, bias=False)
+    with torch.no_grad():
+        conv.weight.copy_(torch.tensor([1.0, -1.0]).view(2, 1, 1, 1))
+    cnn = nn.Sequential(conv, nn.ReLU())
+    image = torch.tensor([[[[1.0, -2.0], [3.0, 0.0]]]])
+    fired: dict = {}
+    capture_activations(cnn, {"relu": cnn[1]}, [image], fired)
+    # channel 0: relu(1, -2, 3, 0) fires at 2 of 4 positions; channel 1: relu(-1, 2, -3, 0) at 1 of 4
+    assert fired["relu"].tolist() == [[0.5, 0.25]]

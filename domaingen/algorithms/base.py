@@ -117,11 +117,15 @@ class Algorithm(nn.Module):
     def activation_layers(self) -> dict[str, nn.Module]:
         """The modules whose outputs are post-nonlinearity activations, by name (for neuron statistics).
 
-        Default: every nn.ReLU under `featurizer` (or the whole model without one); in a
+        Default: the featurizer's own `activation_modules()` when it has one, else every nn.ReLU
+        under `featurizer` (or the whole model without one); in a
         torchvision ResNet, whose ReLU modules run several times per block, the outputs of
         layer1..layer4 (each block ends in a ReLU).
         """
         root, prefix = (self.featurizer, "featurizer.") if isinstance(getattr(self, "featurizer", None), nn.Module) else (self, "")
+        declared = getattr(root, "activation_modules", None)
+        if callable(declared):  # a featurizer that names its activations (TwoLayer, whose activation is a choice)
+            return {prefix + name: m for name, m in declared().items()}
         resnet = getattr(root, "resnet", None)
         if isinstance(resnet, nn.Module) and all(hasattr(resnet, f"layer{i}") for i in range(1, 5)):
             return {f"{prefix}resnet.layer{i}": getattr(resnet, f"layer{i}") for i in range(1, 5)}
@@ -181,18 +185,37 @@ def parameter_groups(module: nn.Module, hparams: Mapping[str, Any]) -> list[dict
     return groups
 
 
-def make_adam(params, hparams: Mapping[str, Any], lr: float | None = None) -> torch.optim.Adam:
-    """Adam with the run's lr and weight decay (the protocol's only optimizer).
+OPTIMIZERS = ("adam", "adamw", "sgd")
+
+
+def check_optimizer(hparams: Mapping[str, Any]) -> None:
+    """Refuse an unknown `optimizer` hyperparameter in one line (before a run writes anything)."""
+    name = str(hparams.get("optimizer", "adam")).lower()
+    if name not in OPTIMIZERS:
+        raise DomaingenError(f"unknown optimizer '{hparams.get('optimizer')}'; valid optimizers: {', '.join(OPTIMIZERS)}")
+
+
+def make_adam(params, hparams: Mapping[str, Any], lr: float | None = None) -> torch.optim.Optimizer:
+    """The run's optimizer with its lr and weight decay: Adam, the protocol's, unless the
+    `optimizer` hyperparameter (declared by FeatureContamination) says `adamw` or `sgd`
+    (momentum `sgd_momentum`, default 0.9): the settings of Zhang et al.'s code.
 
     `params` is what torch.optim takes, or an nn.Module, whose parameters are then
     grouped by `parameter_groups` (mask logits apart). Build every optimizer over a
     model from the module, so that `X+ModReg`'s masks get their own learning rate.
+    DANN's and URM's discriminators keep their own Adam (their betas are DomainBed's).
     """
     if isinstance(params, nn.Module):
         params = parameter_groups(params, hparams)
-    return torch.optim.Adam(
-        params, lr=hparams["lr"] if lr is None else lr, weight_decay=hparams.get("weight_decay", 0.0)
-    )
+    check_optimizer(hparams)
+    lr = hparams["lr"] if lr is None else lr
+    decay = hparams.get("weight_decay", 0.0)
+    name = str(hparams.get("optimizer", "adam")).lower()
+    if name == "sgd":
+        return torch.optim.SGD(params, lr=lr, momentum=float(hparams.get("sgd_momentum", 0.9)), weight_decay=decay)
+    if name == "adamw":
+        return torch.optim.AdamW(params, lr=lr, weight_decay=decay)
+    return torch.optim.Adam(params, lr=lr, weight_decay=decay)
 
 
 class FeaturizerClassifier(Algorithm):

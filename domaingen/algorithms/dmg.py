@@ -31,7 +31,7 @@ from domaingen.errors import DomaingenError
 from domaingen.hparams import HParam, log_uniform, log_uniform_or_zero
 from domaingen.masks.neuron_masks import DomainNeuronMasks, straight_through_bernoulli
 from domaingen.masks import neuron_mask_statistics, pairwise_soft_iou
-from domaingen.networks import MLP, MNIST_CNN
+from domaingen.networks import MLP, MNIST_CNN, TwoLayer
 
 MODES = ("pred_ens", "mask_ens", "kd")
 # Pred-Ens tiles a batch over the domains from the first masked layer on; this bounds the rows
@@ -45,7 +45,7 @@ def auto_mask_layers(featurizer: nn.Module) -> list[str]:
     MNIST_CNN: the inputs of its last two convolutions and of the classifier; MLP:
     the inputs of its Linear layers after the first and of the classifier (the
     hidden activations); a ResNet featurizer (attribute `resnet`): the inputs of
-    layer3, layer4 and the classifier.
+    layer3, layer4 and the classifier; TwoLayer: the classifier's input (its hidden layer).
     """
     if isinstance(featurizer, MNIST_CNN):
         convs = [name for name, m in featurizer.named_modules() if isinstance(m, nn.Conv2d)]
@@ -55,6 +55,8 @@ def auto_mask_layers(featurizer: nn.Module) -> list[str]:
         return [f"featurizer.{name}" for name in linears[1:]] + ["classifier"]
     if isinstance(getattr(featurizer, "resnet", None), nn.Module):
         return ["featurizer.resnet.layer3", "featurizer.resnet.layer4", "classifier"]
+    if isinstance(featurizer, TwoLayer):  # its one hidden layer: the classifier's input
+        return ["classifier"]
     raise DomaingenError(
         f"DMG has no default masked layers for the featurizer {type(featurizer).__name__}; "
         "name them in the dmg_layers hyperparameter (comma-separated module names)"

@@ -25,6 +25,9 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--domain_masks", action="store_true",
                    help="also train one weight mask per training domain on the frozen weights (Csordás et al.)")
     p.add_argument("--mask_steps", type=int, default=None, help="--domain_masks: mask training steps per domain")
+    p.add_argument("--mask_alpha", type=float, default=None,
+                   help="--domain_masks: strength of the masks' sum-of-logits regulariser (default 1e-5); the "
+                        "control mask (every training domain) shows whether it is too strong")
     p.add_argument("--max_examples", type=int, default=None,
                    help="examples per environment for activation statistics (default: 2000)")
     p.add_argument("--output", default=None, help="where to write diagnostics.json (default: RUN_DIR/diagnostics.json)")
@@ -116,6 +119,21 @@ def selectivity_table(result: Mapping[str, Any]) -> str:
     return tabulate(rows, headers=headers, disable_numparse=True)
 
 
+def domain_mask_table(masks: Mapping[str, Any]) -> str:
+    """Csordás et al.'s tests: each mask's accuracy (inverted mask's in brackets) on every environment."""
+    envs = [f"{name}{'*' if i in masks.get('test_envs', []) else ''}" for i, name in enumerate(masks["environments"])]
+    rows = [[f"mask {d}"] + [f"{_fmt(a)} ({_fmt(b)})" for a, b in zip(acc, inv)]
+            for d, acc, inv in zip(masks["domains"], masks["accuracy_matrix"], masks["inverted_accuracy_matrix"])]
+    control = masks["control"]
+    rows.append(["control (all)"] + [f"{_fmt(a)} ({_fmt(b)})" for a, b in zip(control["accuracy"], control["inverted_accuracy"])])
+    rows.append(["unmasked"] + [_fmt(a) for a in masks["unmasked_accuracy"]])
+    sharing = "; ".join(f"s({t},{r})={_fmt(masks['sharing'][i][j])}" for i, t in enumerate(masks["domains"])
+                        for j, r in enumerate(masks["domains"]) if i != j)
+    return (f"domain masks (alpha {masks['alpha']:g}): accuracy per environment (* held out), inverted mask in "
+            f"brackets; control keeps {_fmt(control['kept_fraction'])} of the weights\n"
+            + tabulate(rows, headers=["mask", *envs], disable_numparse=True) + f"\nsharing {sharing}")
+
+
 def section_tables(sections: Mapping[str, Any]) -> str:
     """Each algorithm section as a table of its layers' scalar fields (lists go to diagnostics.json only)."""
     parts = []
@@ -139,6 +157,7 @@ def diagnose_command(ns: argparse.Namespace) -> int:
     from domaingen.run.rundir import atomic_write_bytes, to_json
 
     from domaingen.inspect.diagnose import DEFAULT_MASK_STEPS, domain_weight_masks
+    from domaingen.inspect.domain_masks import MASK_ALPHA, check_mask_options
 
     max_examples = DEFAULT_MAX_EXAMPLES if ns.max_examples is None else ns.max_examples
     if max_examples < 1:
@@ -148,9 +167,12 @@ def diagnose_command(ns: argparse.Namespace) -> int:
         raise DomaingenError(f"--mask_steps must be positive, got {steps}")
     started = time.perf_counter()
     loaded = load_run(ns.run_dir, ns.checkpoint, ns.data_dir, ns.device)
+    alpha = MASK_ALPHA if ns.mask_alpha is None else ns.mask_alpha
+    if ns.domain_masks:
+        check_mask_options(len(loaded.splits) - len(loaded.test_envs), alpha)
     result = diagnose(loaded, max_examples)
     if ns.domain_masks:
-        result["domain_masks"] = domain_weight_masks(loaded, steps, max_examples=max_examples)
+        result["domain_masks"] = domain_weight_masks(loaded, steps, alpha=alpha, max_examples=max_examples)
     result["seconds"] = time.perf_counter() - started
     output = Path(ns.output) if ns.output else loaded.path / "diagnostics.json"
     try:
@@ -168,6 +190,8 @@ def diagnose_command(ns: argparse.Namespace) -> int:
         sections["domain_masks"] = result["domain_masks"]["layers"]
     if sections:
         print("\n" + section_tables(sections))
+    if "domain_masks" in result:
+        print("\n" + domain_mask_table(result["domain_masks"]))
     print(f"\nwrote {output} ({result['seconds']:.1f} s)")
     return 0
 

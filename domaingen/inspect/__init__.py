@@ -25,7 +25,7 @@ Neither writes anything into the run directory.
 
 ```
 domaingen diagnose RUN_DIR [--checkpoint selected|last] [--max_examples 2000]
-                           [--domain_masks [--mask_steps 300]] [--output FILE]
+                           [--domain_masks [--mask_steps 300] [--mask_alpha 1e-5]] [--output FILE]
 ```
 writes `RUN_DIR/diagnostics.json` (or `--output`) and prints a summary, for
 any algorithm. The examples of an environment are data the model never trained
@@ -44,7 +44,14 @@ split (where test accuracy is measured), at most `--max_examples` of each.
   held-out ones (`test`).
 - **Class-conditional activation rates**: per layer and class, the fraction of
   examples on which a neuron's activation is > 0 (mean over neurons), and the
-  fraction of dead neurons.
+  fraction of dead neurons. A convolution channel counts per position: the
+  fraction of (example, position) pairs where it is > 0 ("some position fired"
+  saturates at 1 on ResNets).
+- **Feature contamination** (runs on `FeatureContamination*`, section
+  `feature_contamination`, inspect/contamination.py): per first-layer neuron the
+  norm of its weights' projection onto the core and the background subspaces,
+  and its class-activation asymmetry (the share of its positive pre-activation
+  from its dominant class: 0.5 both classes alike, 1 one class only), with means.
 - **Algorithm sections**, from the algorithm class's `model_diagnostics()` hook:
   DMG's `dmg_masks` (per masked layer the domain x neuron probabilities, the
   discrete masks and their pairwise IoU), X+ModReg's `modreg_masks` (per layer
@@ -64,7 +71,16 @@ split (where test accuracy is measured), at most `--max_examples` of each.
   with its mask beside the unmasked network's. alpha = 1e-5 is our choice, not a
   published value: on the ERM MLP of `results/inside/` alpha = 1e-6 kept every
   weight after 150 steps and 1e-4 removed nearly all of them after 300; treat
-  the masks of a bounded run as a coarse view.
+  the masks of a bounded run as a coarse view. Csordás et al.'s tests besides:
+  `accuracy_matrix` (each domain's mask on every environment's diagnostic
+  examples, the held-out one included), `inverted_accuracy_matrix` (the same
+  masks inverted: only the weights they removed), `unmasked_accuracy`, a
+  `control` mask trained on every training domain together at the same alpha
+  (`--mask_alpha`; the paper calibrates the strength so that such a control keeps
+  the unmasked accuracy: a control that loses accuracy means alpha is too
+  strong), the asymmetric sharing s(t, r) = |M_t & M_r| / |M_t| (overall and per
+  layer) and a 20-bin histogram of each mask's keep probabilities. A run with
+  one training domain, or a non-positive `--mask_alpha`, is refused in one line.
 
 Cost: `make bench` (`--only diagnose`) times `diagnose` without
 `--domain_masks` of an MNIST_CNN ERM model on ColoredMNIST (3 x 2000 examples,
@@ -92,7 +108,12 @@ its losses over steps (record fields named `loss`, `*nll`, `*penalty`, `*_s1`...
 its mask curves over steps (fields ending in `iou` or `kept_fraction`: DMG's
 IoU, ModReg's kept fraction), DMG-style mask heatmaps (from `diagnostics.json`,
 else from `selected.pt`'s `masks.logits.*`), and selectivity histograms
-(training vs held-out) where `diagnose` has been run. Checkpoints that skip a
+(training vs held-out) where `diagnose` has been run; for `diagnose
+--domain_masks`, the mask-by-environment accuracy heatmaps (masks kept and
+inverted, control, unmasked) and the keep-probability histograms; for
+FeatureContamination runs, the first-layer projections onto the core and
+background subspaces and the probe accuracy per background shift over steps,
+and each neuron's projections coloured by its asymmetry. Checkpoints that skip a
 split leave gaps in its curve. A still-running sweep gives a page of the runs
 that are done; a sweep with no finished run gives a page that says so.
 

@@ -30,8 +30,10 @@ def diagnostic_split(loaded: LoadedRun, env: int, max_examples: int) -> Split:
     return Split(split.env, split.index[:max_examples])
 
 
-def environment_activations(loaded: LoadedRun, split: Split) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
-    """(per layer [examples, neurons] activations, labels) of the algorithm on `split`."""
+def environment_activations(loaded: LoadedRun, split: Split,
+                            fired: dict[str, torch.Tensor] | None = None) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+    """(per layer [examples, neurons] activations, labels) of the algorithm on `split`; `fired`, when
+    given, receives the per-position firing fractions (see neurons.capture_activations)."""
     algorithm = loaded.algorithm
     labels: list[torch.Tensor] = []
 
@@ -43,7 +45,7 @@ def environment_activations(loaded: LoadedRun, split: Split) -> tuple[dict[str, 
     was_training = algorithm.training
     algorithm.eval()
     try:
-        acts = capture_activations(algorithm.activation_forward, algorithm.activation_layers(), inputs())
+        acts = capture_activations(algorithm.activation_forward, algorithm.activation_layers(), inputs(), fired)
     finally:
         algorithm.train(was_training)
     return acts, torch.cat(labels) if labels else torch.zeros(0, dtype=torch.long)
@@ -54,9 +56,11 @@ def diagnose(loaded: LoadedRun, max_examples: int = DEFAULT_MAX_EXAMPLES) -> dic
     num_classes = loaded.dataset.num_classes
     envs = []
     per_env: dict[int, tuple[dict[str, torch.Tensor], torch.Tensor]] = {}
+    fired: dict[int, dict[str, torch.Tensor]] = {}
     for i in range(len(loaded.splits)):
         split = diagnostic_split(loaded, i, max_examples)
-        per_env[i] = environment_activations(loaded, split)
+        fired[i] = {}
+        per_env[i] = environment_activations(loaded, split, fired[i])
         envs.append({"index": i, "name": split.env.name, "role": "test" if i in loaded.test_envs else "train",
                      "split": "in" if i in loaded.test_envs else "out", "examples": len(split)})
     layers: dict[str, Any] = {}
@@ -64,13 +68,13 @@ def diagnose(loaded: LoadedRun, max_examples: int = DEFAULT_MAX_EXAMPLES) -> dic
     for name in layer_names:
         entry: dict[str, Any] = {"neurons": int(per_env[0][0][name].shape[1]), "per_env": {}}
         for i, (acts, labels) in per_env.items():
-            entry["per_env"][f"env{i}"] = layer_statistics(acts[name], labels, num_classes)
+            entry["per_env"][f"env{i}"] = layer_statistics(acts[name], labels, num_classes, fired[i][name])
         for role in ("train", "test"):
             members = [i for i in per_env if (i in loaded.test_envs) == (role == "test")]
             if members:
                 acts = torch.cat([per_env[i][0][name] for i in members])
                 labels = torch.cat([per_env[i][1] for i in members])
-                entry[role] = layer_statistics(acts, labels, num_classes)
+                entry[role] = layer_statistics(acts, labels, num_classes, torch.cat([fired[i][name] for i in members]))
         layers[name] = entry
     return {
         "run": str(loaded.path),
@@ -84,8 +88,22 @@ def diagnose(loaded: LoadedRun, max_examples: int = DEFAULT_MAX_EXAMPLES) -> dic
         "max_examples": max_examples,
         "environments": envs,
         "layers": layers,
-        "sections": loaded.algorithm.model_diagnostics(),
+        "sections": {**loaded.algorithm.model_diagnostics(), **_contamination(loaded, max_examples)},
     }
+
+
+def _contamination(loaded: LoadedRun, max_examples: int) -> dict[str, Any]:
+    """FeatureContamination's section (inspect/contamination.py) on the training environments' held-out examples."""
+    if not hasattr(loaded.dataset, "core_basis"):
+        return {}
+    from domaingen.inspect.contamination import SECTION, contamination_section
+
+    splits = [diagnostic_split(loaded, i, max_examples) for i in range(len(loaded.splits)) if i not in loaded.test_envs]
+    batches = [split.batch(slice(0, len(split))) for split in splits]
+    x = torch.cat([b[0] for b in batches])
+    labels = torch.cat([b[1] for b in batches])
+    section = contamination_section(loaded.algorithm, loaded.dataset, to_device(x, loaded.device), labels)
+    return {SECTION: section} if section else {}
 
 
 DEFAULT_MASK_STEPS = 300
@@ -103,6 +121,9 @@ class _Predict(torch.nn.Module):
         return self.alg.predict(x)
 
 
+MASK_HISTOGRAM_BINS = 20
+
+
 def domain_weight_masks(
     loaded: LoadedRun,
     steps: int = DEFAULT_MASK_STEPS,
@@ -110,10 +131,18 @@ def domain_weight_masks(
     alpha: float | None = None,
     max_examples: int = DEFAULT_MAX_EXAMPLES,
 ) -> dict[str, Any]:
-    """Csordás-style weight masks, one per training domain on its `in` split, and their overlap per layer.
+    """Csordás-style weight masks, one per training domain on its `in` split, and Csordás et al.'s tests.
 
-    Also each domain's accuracy, with its own mask, on (at most `max_examples` of) its `out`
-    split, beside the unmasked network's: a mask that keeps what the domain needs keeps its accuracy.
+    Besides each layer's kept fractions, overlaps (IoU) and asymmetric sharing s(t, r):
+    `accuracy_matrix[t][e]`, the accuracy of domain t's mask on environment e's diagnostic
+    examples (a training environment's `out` split, the held-out one's `in` split, as for
+    the neuron statistics), `inverted_accuracy_matrix` the same with the inverted mask (only
+    the weights t's mask removed), `unmasked_accuracy` per environment, a `control` mask
+    trained on every training domain together at the same alpha (its accuracies, inverted
+    ones and kept fraction), and `probability_histogram`: per mask, the counts of
+    sigmoid(logit) over all masked weights in MASK_HISTOGRAM_BINS equal bins of [0, 1].
+    `accuracy` keeps the earlier summary: each domain's masked and unmasked accuracy on its
+    own `out` split.
     """
     from torch.func import functional_call
 
@@ -121,13 +150,19 @@ def domain_weight_masks(
     from domaingen.inspect.domain_masks import (
         MASK_ALPHA,
         MASK_LR,
+        check_mask_options,
         mask_overlap,
+        mask_sharing,
         maskable_weights,
         masked_accuracy,
-        train_weight_mask,
+        train_mask_logits,
     )
+    from domaingen.masks import eval_mask
+    from domaingen.stats import histogram
 
     alpha = MASK_ALPHA if alpha is None else float(alpha)
+    train_envs = [i for i in range(len(loaded.splits)) if i not in loaded.test_envs]
+    check_mask_options(len(train_envs), alpha)
 
     algorithm = loaded.algorithm
     wrapper = _Predict(algorithm)
@@ -137,33 +172,74 @@ def domain_weight_masks(
     def forward(masked: dict[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
         return functional_call(wrapper, masked, (x,), strict=False)
 
-    train_envs = [i for i in range(len(loaded.splits)) if i not in loaded.test_envs]
-    per_domain, accuracy = [], []
+    env_splits = [diagnostic_split(loaded, e, max_examples) for e in range(len(loaded.splits))]
+
+    def accuracies(masks: dict[str, torch.Tensor]) -> list[float]:
+        return [masked_accuracy(forward, weights, masks, ((to_device(x, loaded.device), y)
+                                for x, y in loaded.dataset.eval_batches(split, BATCH_SIZE))) for split in env_splits]
+
+    def train(splits: list, seed: int) -> dict[str, torch.Tensor]:
+        sampler = loaded.dataset.minibatch_sampler(splits, batch_size, seed, loaded.device)
+
+        def batches():
+            while True:
+                parts = sampler.next()
+                yield torch.cat([x for x, _ in parts]), torch.cat([y for _, y in parts])
+
+        return train_mask_logits(forward, weights, batches(), classification_loss, steps, alpha=alpha)
+
     everything = {name: torch.ones_like(w, dtype=torch.bool) for name, w in weights.items()}
+    logits_per_mask: list[dict[str, torch.Tensor]] = []
     was_training = algorithm.training
     algorithm.eval()
     try:
         for d, env in enumerate(train_envs):
-            sampler = loaded.dataset.minibatch_sampler([loaded.splits[env][0]], batch_size, loaded.args["seed"] + d,
-                                                       loaded.device)
-            batches = (sampler.next()[0] for _ in iter(int, 1))
-            masks = train_weight_mask(forward, weights, batches, classification_loss, steps, alpha=alpha)
-            per_domain.append(masks)
-            split = loaded.splits[env][1]
-            split = Split(split.env, split.index[:max_examples])
-
-            def held_out():
-                return ((to_device(x, loaded.device), y) for x, y in loaded.dataset.eval_batches(split, BATCH_SIZE))
-
-            accuracy.append({"domain": loaded.dataset.environments[env].name,
-                             "masked": masked_accuracy(forward, weights, masks, held_out()),
-                             "unmasked": masked_accuracy(forward, weights, everything, held_out())})
+            logits_per_mask.append(train([loaded.splits[env][0]], loaded.args["seed"] + d))
             log.info("domain mask %d/%d trained (%d steps)", d + 1, len(train_envs), steps)
+        control_logits = train([loaded.splits[e][0] for e in train_envs], loaded.args["seed"] + len(train_envs))
+        log.info("control mask (every training domain) trained (%d steps)", steps)
+        per_domain = [{n: eval_mask(l).bool() for n, l in logits.items()} for logits in logits_per_mask]
+        control = {n: eval_mask(l).bool() for n, l in control_logits.items()}
+        matrix = [accuracies(m) for m in per_domain]
+        inverted = [accuracies({n: ~v for n, v in m.items()}) for m in per_domain]
+        unmasked = accuracies(everything)
+        control_entry = {"accuracy": accuracies(control),
+                         "inverted_accuracy": accuracies({n: ~v for n, v in control.items()}),
+                         "kept_fraction": _kept(control)}
     finally:
         algorithm.train(was_training)
+    names = [loaded.dataset.environments[e].name for e in train_envs]
     layers = {}
     for name in weights:
         stacked = torch.stack([masks[name].flatten().cpu() for masks in per_domain])
-        layers[name[len("alg."):].removesuffix(".weight")] = {"weights": int(stacked.shape[1]), **mask_overlap(stacked)}
-    return {"domains": [loaded.dataset.environments[e].name for e in train_envs], "steps": steps,
-            "batch_size": batch_size, "mask_lr": MASK_LR, "alpha": alpha, "accuracy": accuracy, "layers": layers}
+        layers[name[len("alg."):].removesuffix(".weight")] = {
+            "weights": int(stacked.shape[1]), **mask_overlap(stacked), "sharing": mask_sharing(stacked),
+            "control_kept_fraction": float(control[name].double().mean())}
+    whole = torch.stack([torch.cat([m[n].flatten().cpu() for n in weights]) for m in per_domain])
+
+    def probabilities(logits: dict[str, torch.Tensor]) -> list[int]:
+        probs = torch.sigmoid(torch.cat([l.flatten().float().cpu() for l in logits.values()]))
+        return histogram(probs, MASK_HISTOGRAM_BINS)
+
+    return {
+        "domains": names, "steps": steps, "batch_size": batch_size, "mask_lr": MASK_LR, "alpha": alpha,
+        "accuracy": [{"domain": names[d], "masked": matrix[d][env], "unmasked": unmasked[env]}
+                     for d, env in enumerate(train_envs)],
+        "environments": [split.env.name for split in env_splits],
+        "test_envs": list(loaded.test_envs),
+        "accuracy_matrix": matrix,
+        "inverted_accuracy_matrix": inverted,
+        "unmasked_accuracy": unmasked,
+        "control": control_entry,
+        "sharing": mask_sharing(whole),
+        "probability_histogram": {"bins": MASK_HISTOGRAM_BINS,
+                                  "counts": {**{names[d]: probabilities(l) for d, l in enumerate(logits_per_mask)},
+                                             "control": probabilities(control_logits)}},
+        "layers": layers,
+    }
+
+
+def _kept(masks: dict[str, torch.Tensor]) -> float:
+    """The share of all masked weights a mask keeps."""
+    kept = sum(int(m.sum()) for m in masks.values())
+    return kept / max(1, sum(m.numel() for m in masks.values()))

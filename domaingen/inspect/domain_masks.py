@@ -7,6 +7,16 @@ mask code of domaingen.masks), and the loss is the cross-entropy plus alpha time
 sum of the logits, which pushes every weight the domain does not need out of the mask.
 The kept weights are then logit > 0. Comparing the domains' masks per layer says which
 weights all domains share and how much each pair overlaps (IoU).
+
+Csordás et al.'s tests of reuse and specialisation (`diagnose --domain_masks`): each domain's
+mask applied to every environment (a mask that keeps its accuracy on another domain means
+that domain is served by the same weights), the inverted mask (only the weights the mask
+removed: a domain that still works without its mask's weights was not specialised to them),
+the asymmetric sharing s(t, r) = |M_t & M_r| / |M_t| (the share of t's weights that r keeps
+too), and a control mask trained on every training domain at the same strength alpha
+(`--mask_alpha`). The paper calibrates the strength with such a control: a mask trained on the
+whole task should keep the unmasked accuracy; when the control loses accuracy, alpha is too
+strong and the per-domain masks drop weights for the regulariser's sake, not the domain's.
 """
 
 from __future__ import annotations
@@ -16,6 +26,7 @@ from typing import Callable, Iterator, Mapping
 import torch
 from torch import nn
 
+from domaingen.errors import DomaingenError
 from domaingen.masks import DEFAULT_INIT_LOGIT, eval_mask, gumbel_sigmoid
 
 MASK_LR = 1e-2  # Adam learning rate of the mask logits
@@ -47,6 +58,24 @@ def mask_overlap(masks: torch.Tensor) -> dict[str, object]:
     }
 
 
+def check_mask_options(num_train_domains: int, alpha: float) -> None:
+    """Refuse, in one line, domain masks that cannot be compared or a strength that is not positive."""
+    if num_train_domains < 2:
+        raise DomaingenError(f"--domain_masks compares the masks of the training domains, but this run has "
+                             f"{num_train_domains}; use a run that holds out fewer environments")
+    if not alpha > 0:
+        raise DomaingenError(f"--mask_alpha must be positive, got {alpha}")
+
+
+def mask_sharing(masks: torch.Tensor) -> list[list[float]]:
+    """[D, D] asymmetric sharing s(t, r) = |M_t & M_r| / |M_t| of D binary masks `masks` [D, weights]
+    (the share of t's kept weights that r keeps too; NaN for an empty M_t)."""
+    m = masks.bool()
+    inter = (m[:, None, :] & m[None, :, :]).sum(-1).double()
+    own = m.sum(1).double().unsqueeze(1)
+    return (inter / own).tolist()
+
+
 def train_weight_mask(
     forward: Callable[[Mapping[str, torch.Tensor], torch.Tensor], torch.Tensor],
     weights: Mapping[str, torch.Tensor],
@@ -62,6 +91,21 @@ def train_weight_mask(
     `forward(masked_weights, x)` computes logits with the given weights in place of the
     model's; `batches` yields (x, y) of one domain.
     """
+    logits = train_mask_logits(forward, weights, batches, loss_fn, steps, lr, alpha, init_logit)
+    return {name: eval_mask(l).bool() for name, l in logits.items()}
+
+
+def train_mask_logits(
+    forward: Callable[[Mapping[str, torch.Tensor], torch.Tensor], torch.Tensor],
+    weights: Mapping[str, torch.Tensor],
+    batches: Iterator[tuple[torch.Tensor, torch.Tensor]],
+    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+    steps: int,
+    lr: float = MASK_LR,
+    alpha: float = MASK_ALPHA,
+    init_logit: float = DEFAULT_INIT_LOGIT,
+) -> dict[str, torch.Tensor]:
+    """`train_weight_mask`'s trained logits themselves (sigmoid: the keep probabilities), detached."""
     logits = {name: torch.full_like(w, init_logit, requires_grad=True) for name, w in weights.items()}
     optimizer = torch.optim.Adam(logits.values(), lr=lr)
     frozen = {name: w.detach() for name, w in weights.items()}
@@ -72,7 +116,7 @@ def train_weight_mask(
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
-    return {name: eval_mask(l.detach()).bool() for name, l in logits.items()}
+    return {name: l.detach() for name, l in logits.items()}
 
 
 def masked_accuracy(

@@ -253,6 +253,112 @@ def selectivity_histograms(name: str, label: str, diagnostics: dict[str, Any], p
                       f"{diagnostics.get('checkpoint')} checkpoint, step {diagnostics.get('step')}).", fig, data)
 
 
+PROBE_ACC = re.compile(r"^fc_acc_s([0-9.]+)$")
+
+
+def contamination_figures(name: str, label: str, records, diagnostics: dict[str, Any] | None, plt) -> list[FigureSpec]:
+    """FeatureContamination runs (records with `fc_*` fields): first-layer projections onto the core and
+    background subspaces over steps, probe accuracy per background shift over steps, and (with
+    diagnostics.json) each neuron's projections coloured by its class-activation asymmetry."""
+    if not any("fc_background_projection" in r for r in records):
+        return []
+    section = ((diagnostics or {}).get("sections", {}).get("feature_contamination", {}) or {}).get("first_layer")
+    panels = 3 if section and section.get("asymmetry_per_neuron") else 2
+    fig, axes = plt.subplots(1, panels, figsize=(3.6 * panels, 3.0), dpi=DPI, squeeze=False)
+    data: dict[str, Any] = {}
+    ax = axes[0, 0]
+    for key, color in (("fc_core_projection", "C0"), ("fc_background_projection", "C3")):
+        xs, ys = _series(records, key)
+        ax.plot(xs, ys, marker=".", color=color, label=key.removeprefix("fc_").replace("_", " "))
+        data[key] = {"x": xs, "y": ys}
+    ax.set_xlabel("step", fontsize=8)
+    ax.set_ylabel("mean projection norm per neuron", fontsize=8)
+    ax.set_title("first-layer weights", fontsize=8)
+    ax.legend(fontsize=7)
+    ax = axes[0, 1]
+    shifts = sorted({m.group(1) for r in records for k in r if (m := PROBE_ACC.match(k))}, key=float)
+    from matplotlib import colormaps
+
+    for j, shift in enumerate(shifts):
+        xs, ys = _series(records, f"fc_acc_s{shift}")
+        color = colormaps["viridis"](j / max(1, len(shifts) - 1))
+        ax.plot(xs, ys, marker=".", color=color, label=f"s={shift}")
+        data[f"fc_acc_s{shift}"] = {"x": xs, "y": ys}
+    ax.set_xlabel("step", fontsize=8)
+    ax.set_ylabel("probe accuracy", fontsize=8)
+    ax.set_ylim(0.3, 1.02)
+    ax.set_title("accuracy per background shift s", fontsize=8)
+    ax.legend(fontsize=6, ncol=2)
+    if panels == 3:
+        ax = axes[0, 2]
+        core = np.array(section["core_projection_per_neuron"], dtype=float)
+        background = np.array(section["background_projection_per_neuron"], dtype=float)
+        asym = np.array([np.nan if v is None else v for v in section["asymmetry_per_neuron"]], dtype=float)
+        points = ax.scatter(core, background, c=asym, s=8, cmap="coolwarm", vmin=0.5, vmax=1.0)
+        fig.colorbar(points, ax=ax, label="asymmetry")
+        ax.set_xlabel("core projection", fontsize=8)
+        ax.set_ylabel("background projection", fontsize=8)
+        ax.set_title(f"neurons (step {diagnostics.get('step')})", fontsize=8)
+        data["per_neuron"] = {"core": core.tolist(), "background": background.tolist(), "asymmetry": asym.tolist()}
+    for ax in axes.flat:
+        ax.tick_params(labelsize=7)
+    fig.suptitle(f"{label}: feature contamination", fontsize=9)
+    fig.subplots_adjust(left=0.08, right=0.97, bottom=0.16, top=0.82, wspace=0.4)
+    caption = (f"{label}: mean norm of the first-layer weights' projections onto the core and background subspaces, "
+               "and accuracy on probes whose background is shifted by s (s=0: in distribution), over steps"
+               + ("; right: per neuron, coloured by the share of its positive pre-activation from its dominant "
+                  "class (diagnostics.json)." if panels == 3 else "."))
+    return [FigureSpec(f"{name}_contamination.png", caption, fig, data)]
+
+
+def domain_mask_figures(name: str, label: str, diagnostics: dict[str, Any] | None, plt) -> list[FigureSpec]:
+    """`diagnose --domain_masks` (Csordás et al.'s tests): the mask-by-environment accuracy heatmap
+    (each training domain's mask, the control mask and the unmasked network; inverted masks
+    beside them) and the histogram of every mask's keep probabilities."""
+    masks = (diagnostics or {}).get("domain_masks") or {}
+    if "accuracy_matrix" not in masks:
+        return []
+    envs = [f"{e}{'*' if i in masks.get('test_envs', []) else ''}" for i, e in enumerate(masks["environments"])]
+    rows = [f"mask {d}" for d in masks["domains"]] + ["control", "unmasked"]
+    kept = np.array(masks["accuracy_matrix"] + [masks["control"]["accuracy"], masks["unmasked_accuracy"]], dtype=float)
+    inverted = np.array(masks["inverted_accuracy_matrix"] + [masks["control"]["inverted_accuracy"]], dtype=float)
+    fig, axes = plt.subplots(1, 3, figsize=(4.0 + 1.8 * len(envs), 0.9 + 0.45 * len(rows)), dpi=DPI, squeeze=False)
+    for ax, matrix, labels, title in ((axes[0, 0], kept, rows, "mask kept"),
+                                      (axes[0, 1], inverted, rows[:-1], "inverted mask")):
+        image = ax.imshow(matrix, vmin=0, vmax=1, cmap="viridis", aspect="auto")
+        for (i, j), value in np.ndenumerate(matrix):
+            ax.text(j, i, f"{100 * value:.0f}", ha="center", va="center", fontsize=7,
+                    color="black" if value > 0.6 else "white")
+        ax.set_xticks(range(len(envs)), envs, fontsize=7)
+        ax.set_yticks(range(len(labels)), labels, fontsize=7)
+        ax.set_title(f"accuracy, {title}", fontsize=8)
+    fig.colorbar(image, ax=axes[0, 1], fraction=0.05)
+    ax = axes[0, 2]
+    counts = masks["probability_histogram"]["counts"]
+    bins = int(masks["probability_histogram"]["bins"])
+    edges = np.linspace(0, 1, bins + 1)
+    for k, (mask, values) in enumerate(counts.items()):
+        ax.stairs(np.maximum(np.array(values, dtype=float), 0.5), edges, label=mask,
+                  color="black" if mask == "control" else f"C{k}", linestyle="--" if mask == "control" else "-")
+    ax.set_yscale("log")
+    ax.set_xlabel("sigmoid(mask logit)", fontsize=7)
+    ax.set_ylabel("weights", fontsize=7)
+    ax.set_title("keep probabilities", fontsize=8)
+    ax.legend(fontsize=6)
+    for a in axes.flat:
+        a.tick_params(labelsize=7)
+    fig.suptitle(f"{label}: domain weight masks (alpha {masks.get('alpha')}, {masks.get('steps')} steps; * held out)",
+                 fontsize=9)
+    fig.subplots_adjust(left=0.12, right=0.98, bottom=0.2, top=0.8, wspace=0.6)
+    data = {"environments": envs, "rows": rows, "accuracy": kept.tolist(), "inverted_accuracy": inverted.tolist(),
+            "histogram": counts}
+    return [FigureSpec(f"{name}_domain_masks.png", f"{label}: Csordás et al.'s tests on per-domain weight masks "
+                       "(diagnose --domain_masks): accuracy (%) of each mask on every environment, of the same masks "
+                       "inverted (only the weights they removed), and the distribution of keep probabilities; "
+                       "a control mask trained on every training domain that loses accuracy means alpha is too strong.",
+                       fig, data)]
+
+
 def mask_matrices(run_dir: Path, diagnostics: dict[str, Any] | None) -> dict[str, list[list[float]]]:
     """Domain x neuron mask probabilities: diagnostics.json's sections, else the selected weights' `masks.logits.*`."""
     if diagnostics:
@@ -277,7 +383,7 @@ def run_figures(run_dir: Path, label: str, test_envs: Sequence[int], step: int |
     name = re.sub(r"\W+", "_", label)
     figures = [accuracy_curves(name, label, records, test_envs, step, plt)]
     keys = _numeric_keys(records)
-    losses = [k for k in keys if LOSS.search(k) and not ACC.match(k)]
+    losses = [k for k in keys if LOSS.search(k) and not ACC.match(k) and not k.startswith("fc_")]
     if losses:
         figures.append(small_multiples(name, label, records, losses, "losses", plt))
     masks = [k for k in keys if MASK_CURVE.search(k) and not k.startswith("env")]
@@ -294,6 +400,8 @@ def run_figures(run_dir: Path, label: str, test_envs: Sequence[int], step: int |
         figures.append(mask_heatmaps(name, label, matrices, plt))
     if diagnostics and diagnostics.get("layers"):
         figures.append(selectivity_histograms(name, label, diagnostics, plt))
+    figures += contamination_figures(name, label, records, diagnostics, plt)
+    figures += domain_mask_figures(name, label, diagnostics, plt)
     return figures
 
 

@@ -93,6 +93,42 @@ def _xavier(layer: nn.Linear) -> None:
     nn.init.zeros_(layer.bias)
 
 
+ACTIVATIONS: dict[str, Callable[[], nn.Module]] = {
+    "relu": nn.ReLU, "gelu": nn.GELU, "tanh": nn.Tanh, "sigmoid": nn.Sigmoid, "identity": nn.Identity,
+}
+
+
+def check_activation(name: Any) -> str:
+    """The activation's name in lower case; raises a one-line error for an unknown one."""
+    key = str(name).strip().lower()
+    if key not in ACTIVATIONS:
+        raise DomaingenError(f"unknown activation '{name}'; valid activations: {', '.join(ACTIVATIONS)}")
+    return key
+
+
+class TwoLayer(nn.Module):
+    """Flatten, Linear(n_inputs, width), activation: with the classifier head, the two-layer network
+    of Zhang et al. (ICML 2024), whose code uses torch's default initialisation.
+
+    `identity` is the paper's linear ablation. The activation module is `act`; its outputs
+    are what `diagnose` reads (`activation_layers`).
+    """
+
+    def __init__(self, n_inputs: int, width: int, activation: str = "relu") -> None:
+        super().__init__()
+        self.flatten = nn.Flatten()
+        self.hidden = nn.Linear(n_inputs, width)
+        self.act = ACTIVATIONS[check_activation(activation)]()
+        self.n_outputs = width
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.act(self.hidden(self.flatten(x)))
+
+    def activation_modules(self) -> dict[str, nn.Module]:
+        """The module whose outputs are the hidden activations, whatever the activation (for `diagnose`)."""
+        return {"act": self.act}
+
+
 RESNETS = ("resnet18", "resnet50")
 WEIGHTS_ENV = "DOMAINGEN_WEIGHTS"
 DEFAULT_BACKBONE = "resnet50"
@@ -142,7 +178,10 @@ def backbone_of(hparams: Mapping[str, Any]) -> str | None:
 
 def check_backbone(hparams: Mapping[str, Any], input_shape: Sequence[int] | None = None) -> None:
     """Refuse, before a run writes anything, a backbone that cannot be built: an unknown name,
-    timm missing for a timm backbone, or $DOMAINGEN_WEIGHTS holding no file that fits it."""
+    timm missing for a timm backbone, or $DOMAINGEN_WEIGHTS holding no file that fits it; and an
+    unknown `activation` (TwoLayer's)."""
+    if "activation" in hparams:
+        check_activation(hparams["activation"])
     backbone = backbone_of(hparams)
     if backbone is None or backbone in RESNETS:
         if backbone is not None and as_bool(hparams.get("vit_attn_tune", False), "vit_attn_tune"):
@@ -307,6 +346,11 @@ def _mnist_cnn(input_shape: Sequence[int], hparams: Mapping[str, Any]) -> nn.Mod
 def _mlp(input_shape: Sequence[int], hparams: Mapping[str, Any]) -> nn.Module:
     width = int(hparams.get("mlp_width", 256))
     return MLP(math.prod(input_shape), width, width, int(hparams.get("mlp_depth", 3)), float(hparams.get("mlp_dropout", 0.0)))
+
+
+@FEATURIZERS.register("TwoLayer")
+def _two_layer(input_shape: Sequence[int], hparams: Mapping[str, Any]) -> nn.Module:
+    return TwoLayer(math.prod(input_shape), int(hparams.get("mlp_width", 256)), str(hparams.get("activation", "relu")))
 
 
 @FEATURIZERS.register("IRM_MLP")

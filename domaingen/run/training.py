@@ -15,6 +15,7 @@ from typing import Any, Mapping, Sequence
 import torch
 
 from domaingen.algorithms import ALGORITHMS, Algorithm
+from domaingen.algorithms.base import check_optimizer
 from domaingen.datasets import DATASETS, MultiDomainDataset, resolve_data_dir, split_environments
 from domaingen.datasets.cache import DatasetCache
 from domaingen.datasets.sampling import MinibatchSampler  # noqa: F401  (re-exported: bench and older code import it here)
@@ -183,6 +184,7 @@ def resolve(config: TrainConfig) -> ResolvedRun:
     hparams = apply_overrides(drawn, overrides, space)
     algorithm_cls.check_hparams(hparams)
     check_backbone(hparams)
+    check_optimizer(hparams)
     if getattr(algorithm_cls, "NEEDS_VALIDATION", False) and config.holdout_fraction == 0:
         raise DomaingenError(
             f"{config.algorithm} chooses its averaging window from the training-domain validation loss, but "
@@ -401,6 +403,7 @@ def _steps(run: ResolvedRun, dataset: MultiDomainDataset, device: torch.device, 
                 **null_fields(evaluated, args["test_envs"]),
                 "evaluated": evaluated,
                 **algorithm.diagnostics(),
+                **dataset.checkpoint_metrics(algorithm, device),
                 "mem_gb": peak_memory_gb(device),
                 "data_source": dataset.data_source,
                 "hparams": hparams,
