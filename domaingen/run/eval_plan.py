@@ -10,6 +10,11 @@ at the last checkpoint only (the final-checkpoint table and the IRM paper's
 "train accuracy" read them there), and at every k-th checkpoint with
 `train_in_every` k, for learning curves. `all` evaluates every split at every
 checkpoint, as DomainBed does.
+
+With an in-domain test split (`--in_domain_test`), its splits `env{i}_idtest` (training
+environments only) are an extra list of splits that every checkpoint evaluates
+(`in_domain_test_names`): no selection reads them, the in-domain table reads them at
+the checkpoint selection chose.
 """
 
 from __future__ import annotations
@@ -41,6 +46,13 @@ def split_name(env: int, part: str) -> str:
     return f"env{env}_{part}"
 
 
+def in_domain_test_names(n_envs: int, test_envs: Sequence[int], in_domain_test: float | None) -> list[str]:
+    """The in-domain test splits of a run, 'env{i}_idtest' per training environment; none when off."""
+    if not in_domain_test:
+        return []
+    return [split_name(env, "idtest") for env in range(n_envs) if env not in set(test_envs)]
+
+
 def is_checkpoint(step: int, steps: int, checkpoint_freq: int) -> bool:
     """Whether the training loop records a checkpoint after `step` (0-based) of `steps`."""
     return step % checkpoint_freq == 0 or step == steps - 1
@@ -54,8 +66,10 @@ def planned_splits(
     test_envs: Sequence[int],
     eval_splits: str,
     train_in_every: int | None = None,
+    extra_splits: Sequence[str] = (),
 ) -> list[str]:
-    """The splits the checkpoint at `step` evaluates, as 'env{i}_{in|out}' in environment order.
+    """The splits the checkpoint at `step` evaluates, as 'env{i}_{in|out}' in environment order,
+    then `extra_splits` (the in-domain test splits, `in_domain_test_names`).
 
     The k-th checkpoints (train_in_every k) are those at steps that are multiples of
     k * checkpoint_freq, counting the one at step 0; the last checkpoint is always full.
@@ -70,7 +84,7 @@ def planned_splits(
         if full or env in held_out:
             names.append(split_name(env, "in"))
         names.append(split_name(env, "out"))
-    return names
+    return names + list(extra_splits)
 
 
 def evaluated_fraction(

@@ -84,6 +84,7 @@ def _flatten(record: dict, run: str) -> dict | None:
     hparams = record.get("hparams")
     row["backbone"] = describe_backbone(hparams) if isinstance(hparams, dict) else None
     row["protocol"] = run_protocol(args)
+    row["in_domain_test"] = args.get("in_domain_test")  # the in-domain table's caption names its split
     return row
 
 
