@@ -210,8 +210,12 @@ def _check_overrides(spec: SweepSpec, source: str) -> None:
                 f"{source}: hyperparameter(s) {', '.join(unknown)} unknown to {algorithm} on {dataset}; "
                 f"valid names: {', '.join(sorted(space))}; put algorithm-specific ones under [algorithm_hparams.NAME]"
             )
+        defaults = {name: hp.default for name, hp in space.items()}
+        try:  # values the algorithm refuses (a negative penalty weight) stop the launch, not each job
+            ALGORITHMS.get(algorithm).check_hparams({**defaults, **overrides})
+        except DomaingenError as exc:
+            raise SpecError(f"{source}: {algorithm}: {exc}") from None
         for envs in _resolved_sets(spec, dataset, source) if spec.test_envs is not None else []:
-            defaults = {name: hp.default for name, hp in space.items()}
             algorithm_cls = ALGORITHMS.get(algorithm)
             n_train = len(DATASETS.get(dataset).ENVIRONMENTS) - len(envs)
             try:
