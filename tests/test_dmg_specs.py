@@ -70,8 +70,10 @@ def smoke_spec(tmp_path: Path, name: str, parts: list[int]) -> Path:
     return path
 
 
-@pytest.mark.parametrize("name, parts", [("dmg_pacs.toml", [1]), ("dmg_domainnet.toml", [3])])
-def test_each_spec_runs_end_to_end_on_a_generated_tree(tmp_path, capsys, name, parts):
+# PACS: the ResNet-18 part with every algorithm; DomainNet (six domains): one lambda_O part, DMG alone
+@pytest.mark.parametrize("name, parts, algorithms", [("dmg_pacs.toml", [1], {"ERM", "MultiHead", "DMG"}),
+                                                     ("dmg_domainnet.toml", [5], {"DMG"})])
+def test_each_spec_runs_end_to_end_on_a_generated_tree(tmp_path, capsys, name, parts, algorithms):
     dataset = SPECS[name]
     make_folder_tree(tmp_path / "data" / dataset, DOMAINS[dataset], ["dog", "horse"], per_class=12, size=16)
     spec = smoke_spec(tmp_path, name, parts)
@@ -82,23 +84,22 @@ def test_each_spec_runs_end_to_end_on_a_generated_tree(tmp_path, capsys, name, p
     runs = [RunDirectory(p) for p in sorted(out.iterdir()) if (p / "args.json").exists()]
     assert all(r.state() == "done" for r in runs)
     last = {r.read_args()["algorithm"]: r.records()[-1] for r in runs}
-    assert set(last) == {"ERM", "MultiHead", "DMG"}
+    assert set(last) == algorithms
     dmg = last["DMG"]
     # the three test modes of DMG, and the in-domain test splits of the training envs only
     assert {"env1_in_acc", "env1_in_acc_mask_ens", "env1_in_acc_kd", "env1_idtest_acc_kd"} <= set(dmg)
     assert "env0_in_acc_kd" not in dmg and "env0_idtest_acc" not in dmg
     tables = {t.key: t for t in build_tables(collect(str(out)), ["training"])}
     indomain = tables[f"{dataset}/training/indomain"]
-    assert {"DMG", "DMG-KD", "DMG-MaskEns", "MultiHead", "MultiHead-KD", "ERM"} <= set(indomain.rows)
+    rows = {"DMG", "DMG-KD", "DMG-MaskEns"} | ({"MultiHead", "MultiHead-KD", "ERM"} if "ERM" in algorithms else set())
+    assert set(indomain.rows) == rows
     assert "in-domain test splits (0.3 of each)" in indomain.title
     # the KD row reads the known-domain mode's own in-domain test accuracy
     train_envs = range(1, len(DOMAINS[dataset]))
-    expected = np.mean([dmg[f"env{i}_idtest_acc_kd"] for i in train_envs])
     steps = [r.records() for r in runs if r.read_args()["algorithm"] == "DMG"][0]
     chosen = max(steps, key=lambda r: (np.mean([r[f"env{i}_out_acc_kd"] for i in train_envs]), -r["step"]))
     assert indomain.rows["DMG-KD"][0].values == [pytest.approx(np.mean([chosen[f"env{i}_idtest_acc_kd"]
                                                                         for i in train_envs]))]
-    assert expected == pytest.approx(np.mean([dmg[f"env{i}_idtest_acc_kd"] for i in train_envs]))
 
 
 def test_a_negative_lambda_in_the_grid_is_one_line_exit_2_and_writes_nothing(tmp_path, capsys):
