@@ -101,7 +101,26 @@ two empty masks left out), `dmg_layer{k}_active` (fraction kept),
 some but not all / by none), and `dmg_iou`, the mean over layers. `collect`
 turns each mode into a row of its own: `DMG-MaskEns`, and `DMG-KD`, which appears
 in the in-domain tables only (under oracle and leave-one-domain-out selection it
-is marked undefined, since they validate on held-out domains).
+is marked undefined, since they validate on held-out domains). A negative
+`dmg_lambda_o` or `dmg_mask_lr` is refused in one line (and stops a sweep's launch).
+
+**Which optimisation the defaults follow, and why.** The defaults are DomainBed's
+protocol (Adam at the dataset's lr, no weight decay, no schedule, checkpoints chosen by
+training-domain validation of the Pred-Ens prediction) with the masks at 1e-3, so that
+DMG is compared with every other algorithm under one protocol. The paper's own
+optimisation (prithv1/DMG's configs: Adam at 1e-4 for network and masks, weight decay
+1e-5 on PACS and 0 on DomainNet, a decaying learning rate) is a preset: the hyperparameter
+values of parts 3 and 4 of `sweeps/dmg_pacs.toml` and `sweeps/dmg_domainnet.toml`; their
+learning-rate decay is not reproduced (domaingen has no schedule), which those specs state.
+
+### MultiHead
+
+The paper's Multi-Headed baseline (multihead.py): one shared featurizer and one
+linear head per training domain; training classifies each example with its own domain's
+head (cross-entropy over the concatenated minibatches). Known-domain prediction
+(`predict(x, domain=d)`, the `kd` mode, row `MultiHead-KD` of the in-domain table) uses
+head d; out-of-domain prediction, and `network(x)`, average the heads' logits. With
+ModReg (`MultiHead+ModReg`) every head is weight-masked too.
 """
 
 import importlib

@@ -102,6 +102,13 @@ class DMG(FeaturizerClassifier):
     }
     EVAL_MODES = {"mask_ens": False, "kd": True}
 
+    @classmethod
+    def check_hparams(cls, hparams) -> None:
+        super().check_hparams(hparams)
+        for key, what in (("dmg_lambda_o", "the weight of the overlap penalty"), ("dmg_mask_lr", "a learning rate")):
+            if key in hparams and not float(hparams[key]) >= 0:
+                raise DomaingenError(f"{key} must be >= 0 ({what}), got {hparams[key]}")
+
     def __init__(self, input_shape, num_classes, num_domains, hparams) -> None:
         super().__init__(input_shape, num_classes, num_domains, hparams)
         self.mask_layers = parse_mask_layers(self.hparams["dmg_layers"], self, self.featurizer)

@@ -9,7 +9,7 @@ from typing import Any, Mapping
 
 from tabulate import tabulate
 
-ACC_FIELD = re.compile(r"^env(\d+)_(in|out)_acc(?:_(\w+))?$")
+ACC_FIELD = re.compile(r"^env(\d+)_(in|out|idtest)_acc(?:_(\w+))?$")
 
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:
@@ -19,6 +19,10 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--precision", choices=["fp32", "bf16"], default=None,
                    help="evaluate in this precision (default: the one the run evaluated in); the last line then "
                         "says how far the accuracies move from the record")
+    p.add_argument("--masks_x_domains", action="store_true",
+                   help="also apply each training domain's mask (DMG) or head (MultiHead) to every environment, "
+                        "with the Pred-Ens and Mask-Ens rows (DMG's Table 4); written to RUN_DIR/diagnostics.json "
+                        "and drawn by `report`")
 
     p = sub.add_parser("diagnose", help="look inside a run's model: selectivity, activation rates, masks")
     _add_run_arguments(p)
@@ -59,12 +63,13 @@ def accuracy_table(accuracies: Mapping[str, float], env_names: list[str], test_e
         match = ACC_FIELD.match(key)
         if match and match.group(3) and match.group(3) not in modes:
             modes.append(match.group(3))
-    headers = ["env", "name", "role", "in", "out"] + [f"{s}_{m}" for m in modes for s in ("in", "out")]
+    # the in-domain test split (--in_domain_test) is a third column where the run has one
+    parts = ("in", "out", "idtest") if any(k.endswith("_idtest_acc") for k in accuracies) else ("in", "out")
+    headers = ["env", "name", "role", *parts] + [f"{s}_{m}" for m in modes for s in parts]
     rows = []
     for i, name in enumerate(env_names):
-        row = [i, name, "test" if i in test_envs else "train",
-               _fmt(accuracies.get(f"env{i}_in_acc")), _fmt(accuracies.get(f"env{i}_out_acc"))]
-        row += [_fmt(accuracies.get(f"env{i}_{s}_acc_{m}")) for m in modes for s in ("in", "out")]
+        row = [i, name, "test" if i in test_envs else "train", *(_fmt(accuracies.get(f"env{i}_{s}_acc")) for s in parts)]
+        row += [_fmt(accuracies.get(f"env{i}_{s}_acc_{m}")) for m in modes for s in parts]
         rows.append(row)
     return tabulate(rows, headers=headers, disable_numparse=True)
 
@@ -83,10 +88,39 @@ def compare_with_record(accuracies: Mapping[str, float], record: Mapping[str, An
     return f"differs from the record of step {record['step']} by up to {gap:.2g} ({worst})"
 
 
+def matrix_table(matrix: Mapping[str, Any]) -> str:
+    """The mask-by-domain matrix as text: a row per applied mask, a column per environment (its split)."""
+    headers = ["mask"] + [f"{name} ({which}{', test' if env in matrix['test_envs'] else ''})"
+                          for env, (name, which) in enumerate(zip(matrix["columns"], matrix["splits"]))]
+    rows = [[label, *(_fmt(v) for v in values)] for label, values in zip(matrix["rows"], matrix["accuracy"])]
+    return tabulate(rows, headers=headers, disable_numparse=True)
+
+
+def write_diagnostics_section(path: Any, key: str, value: Any) -> None:
+    """Set one section of a run's diagnostics.json, keeping the others (`diagnose` keeps this one too)."""
+    import json
+
+    from domaingen.errors import DomaingenError
+    from domaingen.run.rundir import atomic_write_bytes, to_json
+
+    try:
+        current = json.loads(path.read_text()) if path.exists() else {}
+    except (OSError, json.JSONDecodeError):
+        current = {}
+    current[key] = value
+    try:
+        atomic_write_bytes(path, (to_json(current) + "\n").encode())
+    except OSError as exc:
+        raise DomaingenError(f"cannot write {path}: {exc.strerror}") from None
+
+
 def evaluate_command(ns: argparse.Namespace) -> int:
+    from domaingen.inspect.masks_x_domains import SECTION, domain_mode, masks_x_domains
     from domaingen.run.reload import evaluate_run, load_run, run_precision
 
     loaded = load_run(ns.run_dir, ns.checkpoint, ns.data_dir, ns.device)
+    if ns.masks_x_domains:
+        domain_mode(loaded.algorithm)  # refuses, before anything is computed or written
     accuracies = evaluate_run(loaded, ns.precision)
     args = loaded.args
     print(f"{loaded.path}: {args['algorithm']} on {args['dataset']}, test envs {loaded.test_envs}, "
@@ -94,6 +128,13 @@ def evaluate_command(ns: argparse.Namespace) -> int:
           f"evaluated in {ns.precision or run_precision(loaded)} (the run: {run_precision(loaded)})")
     print(accuracy_table(accuracies, [e.name for e in loaded.dataset.environments], loaded.test_envs))
     print(compare_with_record(accuracies, loaded.record()))
+    if ns.masks_x_domains:
+        matrix = masks_x_domains(loaded, ns.precision)
+        output = loaded.path / "diagnostics.json"
+        write_diagnostics_section(output, SECTION, matrix)
+        print(f"\neach training domain's {matrix['mode']} mask (rows) on every environment (columns: its split)\n")
+        print(matrix_table(matrix))
+        print(f"\nwrote the matrix to {output} ({SECTION})")
     return 0
 
 
@@ -175,6 +216,7 @@ def diagnose_command(ns: argparse.Namespace) -> int:
         result["domain_masks"] = domain_weight_masks(loaded, steps, alpha=alpha, max_examples=max_examples)
     result["seconds"] = time.perf_counter() - started
     output = Path(ns.output) if ns.output else loaded.path / "diagnostics.json"
+    result.update(_kept_sections(output))
     try:
         output.parent.mkdir(parents=True, exist_ok=True)
         atomic_write_bytes(output, (to_json(result) + "\n").encode())
@@ -194,6 +236,19 @@ def diagnose_command(ns: argparse.Namespace) -> int:
         print("\n" + domain_mask_table(result["domain_masks"]))
     print(f"\nwrote {output} ({result['seconds']:.1f} s)")
     return 0
+
+
+def _kept_sections(path: Any) -> dict[str, Any]:
+    """Sections of an existing diagnostics.json that `evaluate` wrote (the mask-by-domain matrix): diagnose keeps them."""
+    import json
+
+    from domaingen.inspect.masks_x_domains import SECTION
+
+    try:
+        current = json.loads(path.read_text()) if path.exists() else {}
+    except (OSError, json.JSONDecodeError):
+        return {}
+    return {SECTION: current[SECTION]} if isinstance(current, dict) and SECTION in current else {}
 
 
 COMMANDS["diagnose"] = diagnose_command

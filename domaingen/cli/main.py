@@ -68,6 +68,10 @@ def _add_eval_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--train_in_every", type=int, default=None, metavar="K",
                    help="with selection: also evaluate the training environments' in splits at every K-th "
                         "checkpoint (learning curves)")
+    p.add_argument("--in_domain_test", type=float, default=None, metavar="FRACTION",
+                   help="split each training domain three ways: validation (holdout_fraction), an in-domain test "
+                        "split of this fraction in (0, 0.5) that no training or selection reads (the in-domain "
+                        "table reads only it), and training (the rest); default: off, in/out as DomainBed")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -291,6 +295,7 @@ def cmd_train(ns: argparse.Namespace) -> int:
         compile_eval=ns.compile_eval,
         eval_splits=ns.eval_splits,
         train_in_every=ns.train_in_every,
+        in_domain_test=ns.in_domain_test,
         plugins=ns.plugins,
         loggers=loggers,
         protocol=ns.protocol,

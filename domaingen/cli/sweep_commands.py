@@ -36,7 +36,7 @@ from domaingen.sweep.spec import (
 log = logging.getLogger(__name__)
 
 FLAG_KEYS = ("algorithms", "datasets", "n_hparams", "n_trials", "steps", "checkpoint_freq", "precision", "pairs",
-             "eval_splits", "train_in_every", "test_envs", "protocol")
+             "eval_splits", "train_in_every", "test_envs", "protocol", "in_domain_test")
 
 
 def spec_from_args(ns: argparse.Namespace):

@@ -152,6 +152,13 @@ from domaingen.datasets.images import ImageFolderDataset
 from domaingen.datasets import wilds  # noqa: F401  (registers Camelyon17, FMoW and their official-split forms)
 from domaingen.datasets import contamination  # noqa: F401  (registers FeatureContamination, FeatureContaminationSeparable)
 from domaingen.datasets.splits import Split, split_environments
+from domaingen.datasets.splits import (
+    Split,
+    check_class_coverage,
+    check_in_domain_test,
+    in_domain_test_splits,
+    split_environments,
+)
 
 __all__ = [
     "DATASETS",
@@ -160,6 +167,9 @@ __all__ = [
     "ImageFolderDataset",
     "MultiDomainDataset",
     "Split",
+    "check_class_coverage",
+    "check_in_domain_test",
+    "in_domain_test_splits",
     "resolve_data_dir",
     "split_environments",
 ]

@@ -162,14 +162,18 @@ class DatasetCache:
         shared.hparams = dict(hparams)
         return shared
 
-    def splits(self, dataset: MultiDomainDataset, holdout_fraction: float, trial_seed: int) -> list[tuple[Split, Split]]:
-        """split_environments(dataset, holdout_fraction, trial_seed), kept with the dataset's entry (if cached)."""
+    def splits(self, dataset: MultiDomainDataset, holdout_fraction: float, trial_seed: int,
+               in_domain_test: float | None = None, test_envs: Sequence[int] = ()) -> list[tuple[Split, Split]]:
+        """split_environments(dataset, holdout_fraction, trial_seed, in_domain_test, test_envs),
+        kept with the dataset's entry (if cached)."""
         entry = self._entry_of(dataset)
         if entry is None:
-            return split_environments(dataset, holdout_fraction, trial_seed)
-        key = (int(trial_seed), float(holdout_fraction))
+            return split_environments(dataset, holdout_fraction, trial_seed, in_domain_test, test_envs)
+        # the training environments' in splits depend on which are held out only with an in-domain test split
+        held_out = tuple(sorted(test_envs)) if in_domain_test else ()
+        key = (int(trial_seed), float(holdout_fraction), float(in_domain_test or 0.0), held_out)
         if key not in entry.splits:
-            entry.splits[key] = split_environments(dataset, holdout_fraction, trial_seed)
+            entry.splits[key] = split_environments(dataset, holdout_fraction, trial_seed, in_domain_test, test_envs)
             entry.nbytes += _split_bytes(entry.splits[key])
             self._evict(keep=self._key_of(entry))
         return entry.splits[key]

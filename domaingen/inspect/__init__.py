@@ -19,7 +19,16 @@ its `auto` resolved to where it started), and that last line then says how far t
 accuracies move. `--data_dir` defaults to the directory the run was trained from. A run made
 before runs kept `selected.pt` gets one line that says so and offers
 `--checkpoint last`; missing data gives the same one-line error as `train`.
-Neither writes anything into the run directory.
+Neither writes anything into the run directory, except `--masks_x_domains`:
+
+`domaingen evaluate RUN_DIR --masks_x_domains`, for an algorithm whose prediction takes a
+domain (DMG's masks, MultiHead's heads; any other is refused in one line), applies each
+training domain's mask (or head) to every environment, held-out ones included, and adds
+the Pred-Ens and (DMG) Mask-Ens rows: DMG's Table 4. A held-out column reads its `in`
+split, a training column its in-domain test split where the run has one
+(`--in_domain_test`), else its `out` split (which selection has seen); the header says
+which. The matrix goes into `RUN_DIR/diagnostics.json` under `masks_x_domains` (`diagnose`
+keeps it) and `report` draws it as a heatmap (masks_x_domains.py).
 
 ### `domaingen diagnose`: what the network does inside
 

@@ -25,6 +25,7 @@ from typing import Any, Sequence
 import numpy as np
 import pandas as pd
 
+from domaingen.inspect.masks_x_domains import SECTION as MASKS_X_DOMAINS
 from domaingen.tables.collect import Collection, collect
 from domaingen.errors import DomaingenError
 from domaingen.tables.reporting import build_tables, done_runs, error_note, table_marks
@@ -233,6 +234,33 @@ def mask_heatmaps(name: str, label: str, matrices: dict[str, list[list[float]]],
                       "(yellow: kept).", fig, {k: v for k, v in matrices.items()})
 
 
+def masks_x_domains_heatmap(name: str, label: str, matrix: dict[str, Any], plt) -> FigureSpec:
+    """The mask-by-domain matrix of `evaluate --masks_x_domains` (DMG's Table 4) as an annotated heatmap."""
+    values = np.array(matrix["accuracy"], dtype=float) * 100
+    rows, columns = matrix["rows"], matrix["columns"]
+    test_envs = set(matrix.get("test_envs", ()))
+    fig, ax = plt.subplots(figsize=(1.2 + 1.05 * len(columns), 0.9 + 0.42 * len(rows)), dpi=DPI)
+    ax.imshow(values, aspect="auto", cmap="viridis", vmin=np.nanmin(values), vmax=np.nanmax(values),
+              interpolation="nearest")
+    middle = (np.nanmin(values) + np.nanmax(values)) / 2
+    for (r, c), v in np.ndenumerate(values):
+        ax.text(c, r, "-" if np.isnan(v) else f"{v:.1f}", ha="center", va="center", fontsize=7,
+                color="black" if v > middle else "white")
+    ax.set_xticks(range(len(columns)), [f"{n}{'*' if i in test_envs else ''}\n({s})"
+                                        for i, (n, s) in enumerate(zip(columns, matrix["splits"]))], fontsize=7)
+    ax.set_yticks(range(len(rows)), rows, fontsize=7)
+    ax.axhline(matrix["train_rows"] - 0.5, color="white", linewidth=1.5)
+    ax.set_xlabel("environment (split); * held out", fontsize=7)
+    ax.set_ylabel("mask applied", fontsize=7)
+    ax.set_title(f"{label}: every mask on every domain, accuracy %", fontsize=9)
+    fig.tight_layout()
+    return FigureSpec(f"{name}_masks_x_domains.png",
+                      f"{label}: accuracy of each training domain's {matrix.get('mode', 'kd')} mask (rows) on every "
+                      f"environment (columns; the split each reads in brackets), then the ensembles "
+                      f"(evaluate --masks_x_domains, {matrix.get('checkpoint')} checkpoint, step {matrix.get('step')}).",
+                      fig, {"rows": rows, "columns": columns, "accuracy": matrix["accuracy"]})
+
+
 def selectivity_histograms(name: str, label: str, diagnostics: dict[str, Any], plt) -> FigureSpec:
     """Per layer, the selectivity of its neurons on the training vs the held-out environments."""
     layers = {k: v for k, v in diagnostics.get("layers", {}).items() if "train" in v and "test" in v}
@@ -402,6 +430,8 @@ def run_figures(run_dir: Path, label: str, test_envs: Sequence[int], step: int |
         figures.append(selectivity_histograms(name, label, diagnostics, plt))
     figures += contamination_figures(name, label, records, diagnostics, plt)
     figures += domain_mask_figures(name, label, diagnostics, plt)
+    if diagnostics and isinstance(diagnostics.get(MASKS_X_DOMAINS), dict):
+        figures.append(masks_x_domains_heatmap(name, label, diagnostics[MASKS_X_DOMAINS], plt))
     return figures
 
 

@@ -27,6 +27,20 @@ kernel: torch warns with its name, and such a run may differ from an uninterrupt
 in the last bits. Determinism costs some speed (cuDNN may not pick its fastest
 convolution); not yet measured on a GPU.
 
+### The in-domain test split (`--in_domain_test`)
+
+`--in_domain_test f` (spec key `in_domain_test`; default off) splits each training
+environment three ways with the seeded permutation of the in/out split
+(datasets/splits.py): the validation split (`out`) is exactly the one a run without
+it has, the next int(n * f) examples are the in-domain test split, and training reads
+the rest. Records hold `env{i}_idtest_acc` (and per test-time mode) for the training
+environments at every checkpoint (eval_plan's extra splits); no selection method reads
+them, and the in-domain table reads only them, at the checkpoint selection chose, so its
+numbers are not biased by the selection that saw the `out` splits. f must lie in (0, 0.5)
+and leave every class of a training environment in each of its three splits, else one
+line and exit status 2 before anything is written. With DomainNet the split is random
+too (its official per-domain test lists are not used).
+
 ### Evaluated splits (`--eval_splits`)
 
 `--eval_splits final|selection|all` (spec key `eval_splits`) and `--train_in_every K`

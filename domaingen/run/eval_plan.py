@@ -24,6 +24,11 @@ and the held-out `in` splits at every checkpoint, the training environments' `in
 splits at the last one. `all` evaluates every split at every checkpoint, as
 DomainBed does. With `final` or `selection`, `train_in_every` k adds the training
 environments' `in` splits at every k-th checkpoint, for learning curves.
+
+With an in-domain test split (`--in_domain_test`), its splits `env{i}_idtest` (training
+environments only) are an extra list of splits that every checkpoint evaluates
+(`in_domain_test_names`): no selection reads them, the in-domain table reads them at
+the checkpoint selection chose.
 """
 
 from __future__ import annotations
@@ -57,6 +62,13 @@ def split_name(env: int, part: str) -> str:
     return f"env{env}_{part}"
 
 
+def in_domain_test_names(n_envs: int, test_envs: Sequence[int], in_domain_test: float | None) -> list[str]:
+    """The in-domain test splits of a run, 'env{i}_idtest' per training environment; none when off."""
+    if not in_domain_test:
+        return []
+    return [split_name(env, "idtest") for env in range(n_envs) if env not in set(test_envs)]
+
+
 def is_checkpoint(step: int, steps: int, checkpoint_freq: int) -> bool:
     """Whether the training loop records a checkpoint after `step` (0-based) of `steps`."""
     return step % checkpoint_freq == 0 or step == steps - 1
@@ -70,15 +82,17 @@ def planned_splits(
     test_envs: Sequence[int],
     eval_splits: str,
     train_in_every: int | None = None,
+    extra_splits: Sequence[str] = (),
 ) -> list[str]:
-    """The splits the checkpoint at `step` evaluates, as 'env{i}_{in|out}' in environment order.
+    """The splits the checkpoint at `step` evaluates, as 'env{i}_{in|out}' in environment order,
+    then `extra_splits` (the in-domain test splits, `in_domain_test_names`).
 
     The k-th checkpoints (train_in_every k) are those at steps that are multiples of
     k * checkpoint_freq, counting the one at step 0; the last checkpoint is always full.
     """
     check_eval_splits(eval_splits, train_in_every)
     if eval_splits == "all" or step == steps - 1:
-        return [split_name(env, part) for env in range(n_envs) for part in ("in", "out")]
+        return [split_name(env, part) for env in range(n_envs) for part in ("in", "out")] + list(extra_splits)
     every = train_in_every is not None and step % (train_in_every * checkpoint_freq) == 0
     held_out = set(test_envs)
     names = []
@@ -92,7 +106,7 @@ def planned_splits(
             if every:
                 names.append(split_name(env, "in"))
             names.append(split_name(env, "out"))
-    return names
+    return names + list(extra_splits)
 
 
 def evaluated_at_end(eval_splits: str, test_envs: Sequence[int]) -> list[str]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from typing import Callable, Collection, Iterable, Sequence
+from typing import Callable, Collection, Iterable, Mapping, Sequence
 
 import torch
 from torch import nn
@@ -167,6 +167,7 @@ def evaluate(
     env_domains: Sequence[int | None] | None = None,
     predict: Predict | None = None,
     only: Collection[str] | None = None,
+    extra: Mapping[str, Sequence[Split | None]] | None = None,
 ) -> dict[str, float]:
     """{'env{i}_in_acc', 'env{i}_out_acc'} for every environment, in eval mode without autograd.
 
@@ -182,6 +183,9 @@ def evaluate(
     `env_domains` entry (see `training_domains`) is not None. `predict` replaces
     `algorithm.predict` for the default mode (see `CompiledPredict`). `batch_size` None:
     `eval_batch_size(device, algorithm)`.
+
+    `extra` adds splits of other kinds, kind -> one Split (or None) per environment, as
+    fields 'env{i}_{kind}_acc' (and per mode): the in-domain test splits, {'idtest': ...}.
     """
     batch_size = batch_size or eval_batch_size(device, algorithm)
     was_training = algorithm.training
@@ -195,8 +199,9 @@ def evaluate(
                     (mode, f"_{mode}") for mode, needs_domain in algorithm.EVAL_MODES.items()
                     if domain is not None or not needs_domain
                 ]
-                wanted = [(name, split) for name, split in (("in", split_in), ("out", split_out))
-                          if only is None or f"env{i}_{name}" in only]
+                kinds = [("in", split_in), ("out", split_out)]
+                kinds += [(kind, per_env[i]) for kind, per_env in (extra or {}).items() if per_env[i] is not None]
+                wanted = [(name, split) for name, split in kinds if only is None or f"env{i}_{name}" in only]
                 for mode, suffix in modes:
                     predicted = []
                     for name, split in wanted:
@@ -205,9 +210,9 @@ def evaluate(
                         accuracy = int((pred == labels).sum()) / len(split) if len(split) else float("nan")
                         results[f"env{i}_{name}_acc{suffix}"] = accuracy
                         predicted.append(pred)
-                    if dataset is not None and mode is None and len(wanted) == 2:
+                    if dataset is not None and mode is None and [n for n, _ in wanted[:2]] == ["in", "out"]:
                         index = torch.cat([split_in.index, split_out.index])
-                        results.update(dataset.environment_metrics(i, index, torch.cat(predicted)))
+                        results.update(dataset.environment_metrics(i, index, torch.cat(predicted[:2])))
     finally:
         algorithm.train(was_training)
     return results

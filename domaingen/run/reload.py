@@ -15,7 +15,7 @@ from typing import Any, Mapping
 import torch
 
 from domaingen.algorithms import Algorithm
-from domaingen.datasets import MultiDomainDataset, split_environments
+from domaingen.datasets import MultiDomainDataset, in_domain_test_splits, split_environments
 from domaingen.datasets.splits import Split
 from domaingen.errors import RunDirectoryError
 from domaingen.run.evaluation import evaluate, training_domains
@@ -44,6 +44,7 @@ class LoadedRun:
     checkpoint: str
     step: int
     device: torch.device
+    idtest: list[Split | None] | None = None  # the in-domain test splits (--in_domain_test); None: off
 
     @property
     def test_envs(self) -> list[int]:
@@ -110,7 +111,11 @@ def load_run(
     records = rundir.records()
     hparams = dict(records[0]["hparams"]) if records and isinstance(records[0].get("hparams"), dict) else run.hparams
     dataset = run.dataset_cls(run.args["data_dir"], run.args["test_envs"], hparams)
-    splits = split_environments(dataset, run.args["holdout_fraction"], run.args["trial_seed"])
+    fraction = run.args.get("in_domain_test")
+    splits = split_environments(dataset, run.args["holdout_fraction"], run.args["trial_seed"], fraction,
+                                run.args["test_envs"])
+    idtest = in_domain_test_splits(dataset, run.args["holdout_fraction"], run.args["trial_seed"], fraction,
+                                   run.args["test_envs"]) if fraction else None
     n_train = len(splits) - len(run.args["test_envs"])
     torch_device = resolve_device(device)
     torch.manual_seed(run.args["seed"])
@@ -129,6 +134,7 @@ def load_run(
         checkpoint=checkpoint,
         step=step,
         device=torch_device,
+        idtest=idtest,
     )
 
 
@@ -150,4 +156,5 @@ def evaluate_run(loaded: LoadedRun, precision: str | None = None) -> dict[str, f
         precision or run_precision(loaded),
         dataset=loaded.dataset,
         env_domains=loaded.env_domains,
+        extra={"idtest": loaded.idtest} if loaded.idtest else None,
     )

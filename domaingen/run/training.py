@@ -16,12 +16,26 @@ import torch
 
 from domaingen.algorithms import ALGORITHMS, Algorithm
 from domaingen.algorithms.base import check_optimizer
-from domaingen.datasets import DATASETS, MultiDomainDataset, resolve_data_dir, split_environments
+from domaingen.datasets import (
+    DATASETS,
+    MultiDomainDataset,
+    check_class_coverage,
+    check_in_domain_test,
+    in_domain_test_splits,
+    resolve_data_dir,
+    split_environments,
+)
 from domaingen.datasets.cache import DatasetCache
 from domaingen.datasets.sampling import MinibatchSampler  # noqa: F401  (re-exported: bench and older code import it here)
 from domaingen.errors import DomaingenError, RunDirectoryError
-from domaingen.run.eval_plan import (DEFAULT_EVAL_SPLITS, LEGACY_EVAL_SPLITS, check_eval_splits, null_fields,
-                                     planned_splits)
+from domaingen.run.eval_plan import (
+    DEFAULT_EVAL_SPLITS,
+    LEGACY_EVAL_SPLITS,
+    check_eval_splits,
+    in_domain_test_names,
+    null_fields,
+    planned_splits,
+)
 from domaingen.run.evaluation import (CompiledPredict, autocast_context, eval_batch_size, evaluate, training_domains,
                                       validation_loss)
 from domaingen.hparams import apply_overrides, draw_hparams, parse_overrides, run_space, seed_hash
@@ -106,6 +120,7 @@ class TrainConfig:
     steps: int | None = None
     checkpoint_freq: int | None = None
     holdout_fraction: float = 0.2
+    in_domain_test: float | None = None  # a third split of each training domain, for the in-domain table; None: off
     precision: str = "fp32"
     device: str = "auto"
     compile_eval: bool | None = None  # None: $DOMAINGEN_COMPILE_EVAL (1 = on), else off
@@ -170,6 +185,7 @@ def resolve(config: TrainConfig) -> ResolvedRun:
             f"holdout_fraction must be at least 0 and below 1, got {config.holdout_fraction} "
             "(0 trains on every example and leaves no validation split)"
         )
+    check_in_domain_test(config.in_domain_test, config.holdout_fraction)
     steps = dataset_cls.N_STEPS if config.steps is None else int(config.steps)
     freq = dataset_cls.CHECKPOINT_FREQ if config.checkpoint_freq is None else int(config.checkpoint_freq)
     if steps < 1 or freq < 1:
@@ -302,6 +318,8 @@ def train(config: TrainConfig, dataset_cache: DatasetCache | None = None) -> Run
                                         run.hparams)
     else:
         dataset = run.dataset_cls(run.args["data_dir"], run.args["test_envs"], run.hparams)
+    if run.args.get("in_domain_test"):
+        _check_in_domain_test_classes(run, dataset, dataset_cache)
     rundir.create(run.args)
     handler = logging.FileHandler(rundir.file(LOG))
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
@@ -333,6 +351,29 @@ def train(config: TrainConfig, dataset_cache: DatasetCache | None = None) -> Run
         handler.close()
 
 
+def _run_splits(run: ResolvedRun, dataset: MultiDomainDataset, dataset_cache: DatasetCache | None) -> list:
+    """The run's (in, out) splits: the training environments' in splits without their in-domain test part."""
+    args = run.args
+    if dataset_cache is not None:
+        return dataset_cache.splits(dataset, args["holdout_fraction"], args["trial_seed"], args.get("in_domain_test"),
+                                    args["test_envs"])
+    return split_environments(dataset, args["holdout_fraction"], args["trial_seed"], args.get("in_domain_test"),
+                              args["test_envs"])
+
+
+def _idtest_splits(run: ResolvedRun, dataset: MultiDomainDataset) -> list:
+    args = run.args
+    return in_domain_test_splits(dataset, args["holdout_fraction"], args["trial_seed"], args.get("in_domain_test"),
+                                 args["test_envs"])
+
+
+def _check_in_domain_test_classes(run: ResolvedRun, dataset: MultiDomainDataset,
+                                  dataset_cache: DatasetCache | None) -> None:
+    """Refuse, before anything is written, a three-way split that leaves a class out of a split."""
+    check_class_coverage(_run_splits(run, dataset, dataset_cache), _idtest_splits(run, dataset),
+                         getattr(dataset, "classes", None))
+
+
 def _train_loop(
     run: ResolvedRun, dataset: MultiDomainDataset, device: torch.device, rundir: RunDirectory,
     dataset_cache: DatasetCache | None = None,
@@ -345,10 +386,7 @@ def _train_loop(
             dataset.data_source,
         )
     torch.manual_seed(args["seed"])
-    if dataset_cache is not None:
-        splits = dataset_cache.splits(dataset, args["holdout_fraction"], args["trial_seed"])
-    else:
-        splits = split_environments(dataset, args["holdout_fraction"], args["trial_seed"])
+    splits = _run_splits(run, dataset, dataset_cache)
     train_splits = [s_in for i, (s_in, _) in enumerate(splits) if i not in args["test_envs"]]
     algorithm = run.algorithm_cls(dataset.input_shape, dataset.num_classes, len(train_splits), hparams)
     algorithm = place_model(algorithm, device, dataset.input_shape)
@@ -378,6 +416,8 @@ def _steps(run: ResolvedRun, dataset: MultiDomainDataset, device: torch.device, 
     steps_per_epoch = 1.0 if full_batch else min(len(s_in) / hparams["batch_size"] for s_in, _ in splits)
     log.info("%s on %s, test envs %s, hparams %s", args["algorithm"], args["dataset"], args["test_envs"], hparams)
     env_domains = training_domains(len(splits), args["test_envs"])
+    idtest = {"idtest": _idtest_splits(run, dataset)} if args.get("in_domain_test") else None
+    idtest_names = in_domain_test_names(len(splits), args["test_envs"], args.get("in_domain_test"))
     pending: dict[str, list[float]] = {}
     for step in range(start_step, args["steps"]):
         started = time.perf_counter()
@@ -387,10 +427,10 @@ def _steps(run: ResolvedRun, dataset: MultiDomainDataset, device: torch.device, 
             pending.setdefault(key, []).append(value)
         if step % args["checkpoint_freq"] == 0 or step == args["steps"] - 1:
             evaluated = planned_splits(step, args["steps"], args["checkpoint_freq"], len(splits), args["test_envs"],
-                                       args["eval_splits"], args["train_in_every"])
+                                       args["eval_splits"], args["train_in_every"], idtest_names)
             averaging = _close_averaging_segment(algorithm, step, args, splits, device, dataset, sampler)
             accuracies = evaluate(algorithm, splits, device, args["resolved_precision"], dataset=dataset,
-                                  env_domains=env_domains, predict=predict, only=evaluated)
+                                  env_domains=env_domains, predict=predict, only=evaluated, extra=idtest)
             if averaging and step != args["steps"] - 1:  # SWAD before its end: the live model, under other names
                 accuracies = {f"live_{k}": v for k, v in accuracies.items()}
             dataset.eval_round = step

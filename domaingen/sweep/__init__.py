@@ -8,8 +8,10 @@ Reference (moved here from the README; `python -m pydoc domaingen.sweep` prints 
 A spec is TOML (`sweeps/*.toml`): `algorithms`, `datasets` (names in any case),
 `test_envs` (default: every single environment; see below), `pairs = true` (adds every pair, which
 leave-one-domain-out selection needs), `n_hparams`, `n_trials`, `steps`,
-`checkpoint_freq`, `precision`, `holdout_fraction`, `[hparams]` (overrides for
-every job) and `[algorithm_hparams.NAME]`. Flags (`--algorithms`, `--datasets`,
+`checkpoint_freq`, `precision`, `holdout_fraction`, `in_domain_test` (a third split of
+each training domain for the in-domain table; run/__init__.py), `[hparams]` (overrides for
+every job) and `[algorithm_hparams.NAME]`; a value an algorithm refuses (a negative
+`dmg_lambda_o`) stops the launch in one line. Flags (`--algorithms`, `--datasets`,
 `--n_hparams`, ...) build the same job list without a file, or override a
 file's keys. `[[parts]]` splits one spec into sub-sweeps: each part is the top
 level's keys overridden by its own (e.g. different datasets, steps or

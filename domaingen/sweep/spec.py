@@ -23,7 +23,7 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 from domaingen.algorithms import ALGORITHMS
-from domaingen.datasets import DATASETS
+from domaingen.datasets import DATASETS, check_in_domain_test
 from domaingen.errors import DomaingenError
 from domaingen.run.eval_plan import DEFAULT_EVAL_SPLITS, LOO_EVAL_SPLITS, check_eval_splits
 from domaingen.hparams import run_space
@@ -58,6 +58,7 @@ class SweepSpec:
     precision: str = "fp32"
     eval_splits: str | None = None  # None: the default (eval_plan); not part of a job's id unless set
     train_in_every: int | None = None
+    in_domain_test: float | None = None  # a third split of each training domain (run.training); None: off
     hparams: dict[str, Any] = field(default_factory=dict)  # overrides for every job
     algorithm_hparams: dict[str, dict[str, Any]] = field(default_factory=dict)  # per algorithm
     # [[parts]]: sub-sweeps, each the top-level keys overridden by its own; their jobs run in order
@@ -133,6 +134,10 @@ def parse_spec(data: Mapping[str, Any], source: str = "spec") -> SweepSpec:
                 raise SpecError(f"{source}: {exc}") from None
     if "holdout_fraction" in data:
         _expect("holdout_fraction", data["holdout_fraction"], (int, float), "a number in [0, 1)")
+    try:
+        check_in_domain_test(data.get("in_domain_test"), float(data.get("holdout_fraction", 0.2)))
+    except DomaingenError as exc:
+        raise SpecError(f"{source}: {exc}") from None
     if data.get("test_envs") is not None:
         data = {**data, "test_envs": _environment_sets(data["test_envs"], source)}
     if "hparams" in data:
@@ -205,8 +210,12 @@ def _check_overrides(spec: SweepSpec, source: str) -> None:
                 f"{source}: hyperparameter(s) {', '.join(unknown)} unknown to {algorithm} on {dataset}; "
                 f"valid names: {', '.join(sorted(space))}; put algorithm-specific ones under [algorithm_hparams.NAME]"
             )
+        defaults = {name: hp.default for name, hp in space.items()}
+        try:  # values the algorithm refuses (a negative penalty weight) stop the launch, not each job
+            ALGORITHMS.get(algorithm).check_hparams({**defaults, **overrides})
+        except DomaingenError as exc:
+            raise SpecError(f"{source}: {algorithm}: {exc}") from None
         for envs in _resolved_sets(spec, dataset, source) if spec.test_envs is not None else []:
-            defaults = {name: hp.default for name, hp in space.items()}
             algorithm_cls = ALGORITHMS.get(algorithm)
             n_train = len(DATASETS.get(dataset).ENVIRONMENTS) - len(envs)
             try:
@@ -314,7 +323,7 @@ def build_jobs(spec: SweepSpec) -> list[Job]:
                     "plugins": list(spec.plugins),
                 }
                 # set only when asked for, so that the ids of sweeps launched before these keys existed stay
-                args.update({k: getattr(spec, k) for k in ("eval_splits", "train_in_every")
+                args.update({k: getattr(spec, k) for k in ("eval_splits", "train_in_every", "in_domain_test")
                              if getattr(spec, k) is not None})
                 if spec.protocol != DEFAULT_PROTOCOL:  # paired jobs keep the ids they had before protocols
                     args["protocol"] = spec.protocol
@@ -416,7 +425,7 @@ def train_command(job: Job, sweep_dir: str | os.PathLike, data_dir: str | None, 
         "--precision", a["precision"],
         "--output_dir", str(job.directory(sweep_dir)),
     ]
-    for key in ("eval_splits", "train_in_every", "protocol"):
+    for key in ("eval_splits", "train_in_every", "in_domain_test", "protocol"):
         if a.get(key) is not None:
             parts += [f"--{key}", str(a[key])]
     if a["hparams"]:

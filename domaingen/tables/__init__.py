@@ -79,7 +79,11 @@ accuracies over the environments it has, then mean ± error over trials; its
 DomainBed.
 
 Tables: test accuracy per dataset, averages across datasets, and in-domain
-accuracy (the selected model on the training environments' `out` splits). A
+accuracy: the selected model on the training environments' `out` splits, which
+selection has read (the caption says "the selection split"), or, for runs made with
+`--in_domain_test f`, on their in-domain test splits, which no training and no
+selection read (the caption names them and f). A test-time mode's row (DMG-KD,
+MultiHead-KD) reads that mode's own accuracies there. A
 missing cell says what is missing; failed runs are listed and not counted (unlike
 DomainBed's script, which also reads the records of unfinished runs).
 `--format latex` writes a complete booktabs document (`--bare` for tables only,

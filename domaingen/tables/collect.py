@@ -34,7 +34,7 @@ UNKNOWN_SOURCE = "unknown"
 # Test-time modes an algorithm reports beside its default (Algorithm.EVAL_MODES, fields
 # env{i}_{in,out}_acc_{mode}) become table rows named '{algorithm}-{label}'.
 MODE_LABELS = {"kd": "KD", "mask_ens": "MaskEns"}
-MODE_FIELD = re.compile(r"^env(\d+)_(in|out)_acc_(\w+)$")
+MODE_FIELD = re.compile(r"^env(\d+)_(in|out|idtest)_acc_(\w+)$")
 
 
 @dataclass
@@ -84,6 +84,7 @@ def _flatten(record: dict, run: str) -> dict | None:
     hparams = record.get("hparams")
     row["backbone"] = describe_backbone(hparams) if isinstance(hparams, dict) else None
     row["protocol"] = run_protocol(args)
+    row["in_domain_test"] = args.get("in_domain_test")  # the in-domain table's caption names its split
     return row
 
 
@@ -250,7 +251,7 @@ def expand_modes(records: pd.DataFrame) -> pd.DataFrame:
         if not has_mode.any():
             continue
         copy = records[has_mode].copy()
-        base_columns = [c for c in copy.columns if re.fullmatch(r"env\d+_(in|out)_acc", c)]
+        base_columns = [c for c in copy.columns if re.fullmatch(r"env\d+_(in|out|idtest)_acc", c)]
         copy[base_columns] = float("nan")
         for base, column in columns:
             copy[base] = copy[column]

@@ -35,7 +35,13 @@ from domaingen.datasets import DATASETS
 from domaingen.tables.provenance import mixed_versions_note
 from domaingen.run.protocol import PROTOCOL_NOTES
 from domaingen.tables.reference import reference_rows
-from domaingen.tables.selection import HPARAMS_CHOICE_TITLES, METHOD_TITLES, check_hparams_choice, select
+from domaingen.tables.selection import (
+    HPARAMS_CHOICE_TITLES,
+    METHOD_TITLES,
+    check_hparams_choice,
+    has_in_domain_test,
+    select,
+)
 from domaingen.tables.wilds_selection import WILDS_PREFIX, wilds_metric_columns, wilds_select
 
 ERRORS = ("domainbed", "se", "std")
@@ -267,6 +273,22 @@ def _selected_cells(chosen: pd.DataFrame, missing_runs: int) -> tuple[Cell, Cell
     )
 
 
+def in_domain_split_label(records: pd.DataFrame, method: str) -> str:
+    """Which split the in-domain numbers of `records` come from, for the table's caption."""
+    own = "training envs' in (training) splits" if method == "last" else "training envs' out splits: the selection split"
+    if not has_in_domain_test(records):
+        return own
+    columns = [c for c in records.columns if c.startswith("env") and c.endswith("_idtest_acc")]
+    with_test = records[columns].notna().any(axis=1)
+    fractions = sorted({float(f) for f in records.loc[with_test, "in_domain_test"] if pd.notna(f)}) \
+        if "in_domain_test" in records else []
+    shown = "/".join(f"{f:g}" for f in fractions)
+    label = f"training envs' in-domain test splits{' (' + shown + ' of each)' if shown else ''}, seen by no training or selection"
+    if with_test.all():
+        return label
+    return f"{label} where runs have one, else {own}"
+
+
 def _title_suffix(hparams_choice: str) -> str:
     # the default (DomainBed's) rule goes unnamed; any other is named where the table is
     return "" if hparams_choice == "per_trial" else f", {HPARAMS_CHOICE_TITLES[hparams_choice]}"
@@ -331,9 +353,9 @@ def dataset_tables(
         source = source_label(records, dataset)
         test_tables.append(Table(f"{dataset}: test accuracy, {title}", f"{dataset}/{method}/test", columns, test_rows,
                                  data_source=source, hparams_choice=hparams_choice))
-        which = "in (training) splits" if method == "last" else "out splits"
+        which = in_domain_split_label(records[records["dataset"] == dataset], method)
         indomain_tables.append(
-            Table(f"{dataset}: in-domain accuracy (training envs' {which}), {title}", f"{dataset}/{method}/indomain",
+            Table(f"{dataset}: in-domain accuracy ({which}), {title}", f"{dataset}/{method}/indomain",
                   columns, in_rows, data_source=source, hparams_choice=hparams_choice)
         )
     return test_tables, indomain_tables

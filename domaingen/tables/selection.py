@@ -88,6 +88,22 @@ def _mean_over_training_envs(records: pd.DataFrame, split: str, n_envs: int) -> 
     return result
 
 
+def _in_domain_acc(records: pd.DataFrame, fallback: str, n_envs: int) -> np.ndarray:
+    """Per row, the in-domain accuracy: the mean over its training environments of their in-domain
+    test splits (`idtest`, a run with --in_domain_test), else of the `fallback` split ('out' or 'in')."""
+    own = _mean_over_training_envs(records, fallback, n_envs)
+    if not any(f"env{i}_idtest_acc" in records.columns for i in range(n_envs)):
+        return own
+    idtest = _mean_over_training_envs(records, "idtest", n_envs)
+    return np.where(np.isnan(idtest), own, idtest)
+
+
+def has_in_domain_test(records: pd.DataFrame) -> bool:
+    """Whether some record holds an in-domain test accuracy (a run with --in_domain_test)."""
+    columns = [c for c in records.columns if c.startswith("env") and c.endswith("_idtest_acc")]
+    return bool(columns) and bool(records[columns].notna().any().any())
+
+
 def _test_acc(records: pd.DataFrame, split: str, n_envs: int) -> np.ndarray:
     return _acc_matrix(records, split, n_envs)[np.arange(len(records)), records["test_env"].to_numpy()]
 
@@ -134,7 +150,7 @@ def training_domain_validation(records: pd.DataFrame) -> pd.DataFrame:
         if sub.empty:
             return sub
         sub["val_acc"] = _mean_over_training_envs(sub, "out", n_envs)
-        sub["indomain_acc"] = sub["val_acc"]
+        sub["indomain_acc"] = _in_domain_acc(sub, "out", n_envs)
         sub["test_acc"] = _test_acc(sub, "in", n_envs)
         return _earliest_best(sub, ["run"])[METHOD_COLUMNS]
 
@@ -155,7 +171,7 @@ def oracle_test_domain_validation(records: pd.DataFrame) -> pd.DataFrame:
         last = _last_checkpoints(sub)
         last["val_acc"] = _test_acc(last, "out", n_envs)
         last["test_acc"] = _test_acc(last, "in", n_envs)
-        last["indomain_acc"] = _mean_over_training_envs(last, "out", n_envs)
+        last["indomain_acc"] = _in_domain_acc(last, "out", n_envs)
         return _single_candidates(last)[METHOD_COLUMNS]
 
     return _per_dataset(records, one)
@@ -197,7 +213,7 @@ def leave_one_domain_out(records: pd.DataFrame) -> pd.DataFrame:
         val = wide[complete][key + ["test_env", "val_acc"]]
         singles = singles.copy()
         singles["test_acc"] = _test_acc(singles, "in", n_envs)
-        singles["indomain_acc"] = _mean_over_training_envs(singles, "out", n_envs)
+        singles["indomain_acc"] = _in_domain_acc(singles, "out", n_envs)
         val = val.astype({"hparams_seed": singles["hparams_seed"].dtype, "trial_seed": singles["trial_seed"].dtype})
         joined = _held_out_at_every_checkpoint(singles.merge(val, on=key + ["test_env"], how="inner"))
         if joined.empty:
@@ -234,7 +250,7 @@ def final_checkpoint(records: pd.DataFrame) -> pd.DataFrame:
         last = _last_checkpoints(sub)
         last["val_acc"] = 0.0
         last["test_acc"] = _test_acc(last, "in", n_envs)
-        last["indomain_acc"] = _mean_over_training_envs(last, "in", n_envs)
+        last["indomain_acc"] = _in_domain_acc(last, "in", n_envs)
         # nothing is selected: no candidates to tie
         return last.assign(candidates=0, val_min=last["val_acc"])[METHOD_COLUMNS]
 

@@ -1,0 +1,134 @@
+"""--in_domain_test: a third split of each training domain that only the in-domain table reads."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from conftest import FAST_HPARAMS
+from domaingen.cli.main import main
+from domaingen.datasets import DATASETS, in_domain_test_splits, split_environments
+from domaingen.datasets.splits import split_indices, three_way_indices
+from domaingen.errors import DomaingenError
+from domaingen.hparams import seed_hash
+from domaingen.run.eval_plan import in_domain_test_names, planned_splits
+from domaingen.run.reload import evaluate_run, load_run
+from domaingen.run.rundir import RunDirectory
+from domaingen.run.training import TrainConfig, train
+from domaingen.sweep.spec import build_jobs, parse_spec
+from domaingen.tables.collect import collect
+from domaingen.tables.reporting import build_tables, to_markdown
+
+
+def test_three_way_split_keeps_the_validation_split_and_partitions_the_rest():
+    seed = seed_hash(0, 1)
+    two_in, two_out = split_indices(1000, 0.2, seed)
+    train_idx, val, test = three_way_indices(1000, 0.2, 0.1, seed)
+    assert torch.equal(val, two_out)  # selection reads exactly what it read without the option
+    assert len(test) == 100 and len(train_idx) == 700
+    assert sorted(torch.cat([train_idx, val, test]).tolist()) == list(range(1000))
+    assert torch.equal(torch.cat([test, train_idx]), two_in)  # the same permutation, cut once more
+
+
+def test_only_training_environments_lose_their_test_part():
+    dataset = DATASETS.get("ColoredMNIST")("embedded", [1], {})
+    plain = split_environments(dataset, 0.2, 3)
+    three = split_environments(dataset, 0.2, 3, 0.1, [1])
+    idtest = in_domain_test_splits(dataset, 0.2, 3, 0.1, [1])
+    assert idtest[1] is None
+    assert torch.equal(three[1][0].index, plain[1][0].index)  # the held-out env keeps DomainBed's split
+    for env in (0, 2):
+        n = len(dataset.environments[env])
+        assert len(idtest[env]) == int(n * 0.1)
+        assert torch.equal(three[env][1].index, plain[env][1].index)
+        seen = set(three[env][0].index.tolist()) | set(three[env][1].index.tolist())
+        assert not seen & set(idtest[env].index.tolist())
+        assert len(seen) + len(idtest[env]) == n
+
+
+def test_eval_plan_adds_the_in_domain_test_splits():
+    names = in_domain_test_names(3, [1], 0.1)
+    assert names == ["env0_idtest", "env2_idtest"]
+    assert in_domain_test_names(3, [1], None) == []
+    plan = planned_splits(0, 10, 5, 3, [1], "selection", None, names)
+    assert plan[-2:] == names and "env0_in" not in plan
+
+
+@pytest.fixture(scope="module")
+def idtest_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("idtest") / "run"
+    train(TrainConfig(dataset="ColoredMNIST", algorithm="ERM", output_dir=str(out), test_envs=[1],
+                      data_dir="embedded", hparams=dict(FAST_HPARAMS), steps=4, checkpoint_freq=2,
+                      in_domain_test=0.1))
+    return out
+
+
+def test_records_hold_the_in_domain_test_accuracy_recomputed_from_the_weights(idtest_run):
+    records = RunDirectory(idtest_run).records()
+    assert all({"env0_idtest_acc", "env2_idtest_acc"} <= set(r) for r in records)
+    assert "env1_idtest_acc" not in records[-1]
+    loaded = load_run(idtest_run, "last")
+    x, y = loaded.idtest[2].batch(slice(None))
+    with torch.no_grad():
+        by_hand = float((loaded.algorithm.predict(x).argmax(1) == y).float().mean())
+    assert records[-1]["env2_idtest_acc"] == pytest.approx(by_hand)
+    assert evaluate_run(loaded)["env2_idtest_acc"] == records[-1]["env2_idtest_acc"]
+
+
+def test_in_domain_table_reads_only_the_test_split_and_says_so(idtest_run):
+    collection = collect(str(idtest_run.parent))
+    records = RunDirectory(idtest_run).records()
+    training = [t for t in build_tables(collection, ["training"]) if t.key.endswith("/indomain")][0]
+    cell = training.rows["ERM"][0]
+    # the selected checkpoint: best mean out accuracy over envs 0 and 2, earliest on a tie
+    best = max(records, key=lambda r: (np.mean([r["env0_out_acc"], r["env2_out_acc"]]), -r["step"]))
+    assert cell.values == [pytest.approx(np.mean([best["env0_idtest_acc"], best["env2_idtest_acc"]]))]
+    assert "in-domain test splits (0.1 of each), seen by no training or selection" in training.title
+
+
+def test_without_the_option_the_caption_names_the_selection_split(tmp_path):
+    out = tmp_path / "run"
+    train(TrainConfig(dataset="ColoredMNIST", algorithm="ERM", output_dir=str(out), test_envs=[1],
+                      data_dir="embedded", hparams=dict(FAST_HPARAMS), steps=2, checkpoint_freq=2))
+    tables = build_tables(collect(str(tmp_path)), ["training"])
+    indomain = [t for t in tables if t.key.endswith("/indomain")][0]
+    assert "training envs' out splits: the selection split" in indomain.title
+    assert "selection split" in to_markdown(tables, collect(str(tmp_path)))
+
+
+def test_spec_key_reaches_the_jobs_and_leaves_other_ids_alone():
+    base = {"algorithms": ["ERM"], "datasets": ["ColoredMNIST"], "n_hparams": 1, "n_trials": 1, "test_envs": [0]}
+    plain = build_jobs(parse_spec(base))[0]
+    three = build_jobs(parse_spec({**base, "in_domain_test": 0.1}))[0]
+    assert "in_domain_test" not in plain.args and three.args["in_domain_test"] == 0.1
+    assert plain.job_id != three.job_id
+
+
+@pytest.mark.parametrize("value", ["0", "0.5", "-0.1", "0.7"])
+def test_fraction_outside_the_interval_is_one_line_and_exit_2(tmp_path, capsys, value):
+    out = tmp_path / "run"
+    code = main(["train", "--dataset", "ColoredMNIST", "--algorithm", "ERM", "--data_dir", "embedded",
+                 "--output_dir", str(out), "--in_domain_test", value])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and not out.exists()
+    assert len(err.splitlines()) == 1 and "in_domain_test must be a fraction in (0, 0.5)" in err
+
+
+def test_spec_with_a_bad_fraction_is_refused():
+    with pytest.raises(DomaingenError, match=r"in_domain_test must be a fraction in \(0, 0.5\)"):
+        parse_spec({"algorithms": ["ERM"], "datasets": ["ColoredMNIST"], "in_domain_test": 0.6})
+
+
+def test_a_split_left_without_some_class_is_one_line_and_exit_2(tmp_path, capsys):
+    out = tmp_path / "run"
+    # about 1,700 examples per environment: a fraction of 1e-4 leaves the in-domain test split empty
+    code = main(["train", "--dataset", "ColoredMNIST", "--algorithm", "ERM", "--data_dir", "embedded",
+                 "--output_dir", str(out), "--test_envs", "1", "--in_domain_test", "0.0001"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and not out.exists()
+    assert len(err.splitlines()) == 1
+    assert "the in-domain test split of environment 0 (+90%) has no example of class 0: 0 of" in err
