@@ -151,7 +151,6 @@ from domaingen.datasets import images  # noqa: F401  (registers PACS, DomainNet,
 from domaingen.datasets.images import ImageFolderDataset
 from domaingen.datasets import wilds  # noqa: F401  (registers Camelyon17, FMoW and their official-split forms)
 from domaingen.datasets import contamination  # noqa: F401  (registers FeatureContamination, FeatureContaminationSeparable)
-from domaingen.datasets.splits import Split, split_environments
 from domaingen.datasets.splits import (
     Split,
     check_class_coverage,
