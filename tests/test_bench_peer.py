@@ -65,3 +65,32 @@ def test_projection_from_two_runs_per_tool(tmp_path, monkeypatch):
                     f"{full['DomainBed'] / full['domaingen']:.2f}x")
     with pytest.raises(DomaingenError, match="not a DomainBed checkout"):
         peer.check_peer(str(tmp_path))
+
+
+def test_stacked_step_equals_each_model_s_own_adam_step():
+    """bench --only batching times a vmapped step: it must be the same training as N Adam steps."""
+    import copy
+
+    import torch
+    from torch.func import stack_module_state
+
+    from domaingen.algorithms.base import classification_loss
+    from domaingen.bench.batching import MODELS, StackedAdam
+
+    make, shape = MODELS["MLP"]
+    torch.manual_seed(0)
+    models = [make() for _ in range(3)]
+    twins = [copy.deepcopy(m) for m in models]
+    optimizers = [torch.optim.Adam(m.parameters(), lr=1e-3) for m in twins]
+    step = StackedAdam(models)
+    for _ in range(3):
+        x, y = torch.randn(3, 16, *shape), torch.randint(0, 2, (3, 16))
+        step(x, y)
+        for twin, opt, xi, yi in zip(twins, optimizers, x, y):
+            opt.zero_grad()
+            classification_loss(twin(xi), yi).backward()
+            opt.step()
+    expected = stack_module_state(twins)[0]
+    assert list(step.params) == list(expected)
+    for name, want in expected.items():
+        assert (step.params[name] - want).abs().max() < 1e-5, name

@@ -1,6 +1,6 @@
 """`make bench`: the speed and memory figures the issues ask for (not timed assertions).
 
-Run with DOMAINGEN_DATA pointing at real MNIST: python -m domaingen.bench [--only training|floor|fullrun|jobs|bookkeeping|overhead|images|dmg|report|diagnose|peer --peer DIR]
+Run with DOMAINGEN_DATA pointing at real MNIST: python -m domaingen.bench [--only training|floor|fullrun|jobs|bookkeeping|overhead|images|dmg|report|diagnose|batching|peer --peer DIR]
 
 `fullrun` and `jobs` compare this tree with a baseline commit (--baseline, default main or,
 where main already has issue 17's change, the commit before it) measured in the same run
@@ -663,7 +663,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--skip_fp32_eval", action="store_true", help="the fp32 evaluation takes minutes on 2 cores")
     parser.add_argument("--only", choices=["training", "floor", "fullrun", "jobs", "bookkeeping", "overhead", "images",
-                                           "dmg", "report", "diagnose", "peer"], default=None,
+                                           "dmg", "report", "diagnose", "peer", "batching"], default=None,
                         help="one section (default: all but peer)")
     parser.add_argument("--peer", default=None, metavar="DIR",
                         help="peer: a DomainBed checkout to time beside domaingen (see domaingen.bench.peer)")
@@ -735,6 +735,11 @@ def main(argv: list[str] | None = None) -> int:
         rows += bench_report()
     if ns.only in (None, "diagnose"):
         rows += bench_diagnose(data_dir)
+    if ns.only in (None, "batching"):
+        from domaingen.bench.batching import bench_batching
+
+        for model in ("MLP", "MNIST_CNN"):
+            rows += bench_batching(model, (1, 4, 8) if model == "MLP" else (1, 4), 15 if model == "MLP" else 5)
     steal = steal_fraction(counters_at_start, cpu_time_counters())
     if steal is not None:
         # On a shared virtual machine the wall times above include the time other guests held the CPUs.
