@@ -71,14 +71,21 @@ class StackedAdam:
                                     value=-self.lr / (1 - 0.9 ** self.count))
 
 
-def bench_batching(model: str = "MLP", sizes: tuple[int, ...] = (1, 4, 8), repeats: int = 15) -> list[list]:
-    """Per N: N sequential steps against one stacked step, medians of alternating repeats."""
+def bench_batching(model: str = "MLP", sizes: tuple[int, ...] = (1, 4, 8), repeats: int = 15,
+                   device: torch.device | None = None) -> list[list]:
+    """Per N: N sequential steps against one stacked step, medians of alternating repeats
+    (on `device`, default the auto-detected one)."""
+    from domaingen.devices import resolve_device
+
+    device = device or resolve_device("auto")
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     make, shape = MODELS[model]
     rows = []
     for n in sizes:
         torch.manual_seed(0)
-        models = [make() for _ in range(n)]
-        x, y = torch.randn(n, BATCH, *shape), torch.randint(0, 2, (n, BATCH))
+        models = [make().to(device) for _ in range(n)]
+        x = torch.randn(n, BATCH, *shape, device=device)
+        y = torch.randint(0, 2, (n, BATCH), device=device)
         optimizers = [torch.optim.Adam(m.parameters(), lr=1e-3) for m in models]
 
         def sequential() -> None:
@@ -91,11 +98,13 @@ def bench_batching(model: str = "MLP", sizes: tuple[int, ...] = (1, 4, 8), repea
         times: dict[str, list[float]] = {"sequential": [], "stacked": []}
         for i in range(repeats + 2):
             for name, run in (("sequential", sequential), ("stacked", lambda: batched(x, y))):
+                sync()
                 start = time.perf_counter()
                 run()
+                sync()
                 if i >= 2:  # warm-up
                     times[name].append(time.perf_counter() - start)
         seq, stacked = statistics.median(times["sequential"]), statistics.median(times["stacked"])
-        rows.append([f"{n} x {model} step, sequential / stacked (vmap)",
+        rows.append([f"{n} x {model} step on {device.type}, sequential / stacked (vmap)",
                      f"{seq * 1000:.1f} ms / {stacked * 1000:.1f} ms = {seq / stacked:.2f}x"])
     return rows
