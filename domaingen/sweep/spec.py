@@ -239,16 +239,19 @@ def load_spec(path: str | os.PathLike) -> SweepSpec:
 
 @dataclass(frozen=True)
 class Job:
-    """One run of a sweep: its arguments and its directory."""
+    """One run of a sweep: its arguments (job_id hashes them), the arguments the launcher adds that
+    are not part of its id (`launch_args`), and its directory."""
 
     job_id: str
     args: Mapping[str, Any]
+    launch_args: Mapping[str, Any] = field(default_factory=dict)
 
     def directory(self, sweep_dir: str | os.PathLike) -> Path:
         return Path(sweep_dir) / self.job_id
 
     def config(self, sweep_dir: str | os.PathLike, data_dir: str | None) -> TrainConfig:
-        return TrainConfig(**self.args, output_dir=str(self.directory(sweep_dir)), data_dir=data_dir)
+        return TrainConfig(**{**self.args, **self.launch_args}, output_dir=str(self.directory(sweep_dir)),
+                           data_dir=data_dir)
 
 
 def job_id(args: Mapping[str, Any]) -> str:
@@ -327,19 +330,19 @@ def build_jobs(spec: SweepSpec) -> list[Job]:
                              if getattr(spec, k) is not None})
                 if spec.protocol != DEFAULT_PROTOCOL:  # paired jobs keep the ids they had before protocols
                     args["protocol"] = spec.protocol
-                jobs.append(Job(job_id(args), _with_loo_evaluation(args, has_pairs)))
+                jobs.append(Job(job_id(args), args, _loo_evaluation(args, has_pairs)))
     if not jobs:
         raise SpecError("the sweep has no jobs; check algorithms, datasets and test_envs")
     return jobs
 
 
-def _with_loo_evaluation(args: dict[str, Any], has_pairs: bool) -> dict[str, Any]:
+def _loo_evaluation(args: Mapping[str, Any], has_pairs: bool) -> dict[str, Any]:
     """A single run of a sweep with pair runs evaluates its held-out `in` split at every checkpoint
-    (leave-one-domain-out may select any), so under `final` it runs with LOO_EVAL_SPLITS; its job
-    id stays what the spec makes it (see eval_plan)."""
+    (leave-one-domain-out may select any), so under `final` it runs with LOO_EVAL_SPLITS; a launch
+    argument, so that its job id stays what the spec makes it (see eval_plan)."""
     if not has_pairs or len(args["test_envs"]) != 1 or args.get("eval_splits", DEFAULT_EVAL_SPLITS) != "final":
-        return args
-    return {**args, "eval_splits": LOO_EVAL_SPLITS}
+        return {}
+    return {"eval_splits": LOO_EVAL_SPLITS}
 
 
 def trial_major(jobs: Sequence[Job]) -> list[Job]:
@@ -411,7 +414,7 @@ def train_command(job: Job, sweep_dir: str | os.PathLike, data_dir: str | None, 
     """The `domaingen train` command line that runs one job (with the launch's loggers)."""
     import shlex
 
-    a = job.args
+    a = {**job.args, **job.launch_args}
     parts = [
         "domaingen", "train",
         "--dataset", a["dataset"],
