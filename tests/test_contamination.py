@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 import time
 
 import pytest
@@ -111,8 +112,17 @@ def test_inconsistent_parameters_are_one_line_exit_2_nothing_written(cls, messag
         f"    '''bad'''\n" + "".join(f"    {k} = {getattr(cls, k)!r}\n" for k in cls.__dict__ if k.isupper())
     )
     out = tmp_path / "run"
-    code = main(["-q", "--plugins", str(plugin), "train", "--dataset", f"Bad{cls.__name__}", "--algorithm", "ERM",
-                 "--test_envs", "1", "--steps", "2", "--output_dir", str(out)])
+    try:
+        code = main(["-q", "--plugins", str(plugin), "train", "--dataset", f"Bad{cls.__name__}", "--algorithm", "ERM",
+                     "--test_envs", "1", "--steps", "2", "--output_dir", str(out)])
+    finally:  # later tests' runs (and their child processes) must not be asked to load this file
+        from domaingen import plugins
+        from domaingen.datasets import DATASETS
+
+        if f"Bad{cls.__name__}" in DATASETS.names():
+            DATASETS.unregister(f"Bad{cls.__name__}")
+        plugins.forget(str(plugin))
+        sys.modules.pop(plugin.stem, None)
     err = capsys.readouterr().err.strip()
     assert code == 2 and not out.exists()
     assert err.splitlines() == [f"domaingen: error: {message.replace(cls.__name__, 'Bad' + cls.__name__)}"]
