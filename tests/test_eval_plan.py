@@ -39,8 +39,8 @@ def test_final_plan_reads_what_selection_reads_at_each_checkpoint():
     assert planned_splits(0, 11, 5, 3, [2], "final") == ["env0_out", "env1_out"]
     assert planned_splits(5, 11, 5, 3, [0], "final") == ["env1_out", "env2_out"]
     assert planned_splits(10, 11, 5, 3, [0], "final") == ALL3
-    # a pair run: also both held-out in splits, which leave-one-domain-out reads at every checkpoint
-    assert planned_splits(5, 11, 5, 3, [0, 2], "final") == ["env0_in", "env1_out", "env2_in"]
+    # a pair run: also the held-out splits (leave-one-domain-out reads the in splits at every checkpoint)
+    assert planned_splits(5, 11, 5, 3, [0, 2], "final") == ["env0_in", "env0_out", "env1_out", "env2_in", "env2_out"]
     # train_in_every adds the training environments' in splits
     assert planned_splits(10, 21, 5, 3, [2], "final", 2) == ["env0_in", "env0_out", "env1_in", "env1_out"]
     # the final evaluation: the held-out splits of a single run under final only
@@ -49,6 +49,7 @@ def test_final_plan_reads_what_selection_reads_at_each_checkpoint():
     # what a checkpoint did not evaluate of the held-out environments is written as null
     assert null_fields(["env0_out", "env1_out"], [2]) == {"env2_in_acc": None, "env2_out_acc": None}
     assert null_fields(["env0_in", "env1_out", "env2_in"], [0, 2]) == {"env0_out_acc": None, "env2_out_acc": None}
+    assert null_fields(planned_splits(5, 11, 5, 3, [0, 2], "final"), [0, 2]) == {}
 
 
 def test_train_in_every_adds_every_kth_checkpoint_counting_step_zero():

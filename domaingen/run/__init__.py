@@ -48,8 +48,9 @@ too (its official per-domain test lists are not used).
 `run.eval_plan`; in short, before the last checkpoint no method reads the training
 environments' `in` splits, and only leave-one-domain-out reads a held-out environment
 (its `in` split). With **`final` (the default)** every checkpoint evaluates the training
-environments' `out` splits (training-domain validation), plus the held-out `in` splits
-in a run that holds out two or more environments (leave-one-domain-out's validation);
+environments' `out` splits (training-domain validation), plus the held-out splits in a
+run that holds out two or more environments (leave-one-domain-out's validation; WILDS'
+official splits);
 the last checkpoint evaluates every split; and a *final evaluation* after it reloads the
 weights of the checkpoint that training-domain validation selected (selected.pt, kept
 anyway) and evaluates the held-out environment there, for the default prediction and for

@@ -12,9 +12,10 @@ What each selection method reads, per run:
 
 No method reads the training environments' `in` splits before the last checkpoint.
 
-`final` (the default) evaluates exactly that: at every checkpoint the training
+`final` (the default) evaluates that: at every checkpoint the training
 environments' `out` splits, plus, in a run holding out two or more environments,
-the held-out `in` splits; the last checkpoint evaluates every split; and at the end
+the held-out `in` and `out` splits (WILDS' official splits select on metrics over
+both); the last checkpoint evaluates every split; and at the end
 of the run a *final evaluation* loads the weights of the checkpoint that
 training-domain validation selected (kept in selected.pt) and evaluates the held-out
 splits there (see `run.training`). The single runs of a sweep with pair runs need
@@ -98,10 +99,10 @@ def planned_splits(
     names = []
     for env in range(n_envs):
         if env in held_out:
+            # a run holding out several environments (pairs; WILDS' official splits, whose selection
+            # reads metrics over an environment's in and out splits together) evaluates them all
             if eval_splits == "selection" or len(held_out) > 1:
-                names.append(split_name(env, "in"))
-            if eval_splits == "selection":
-                names.append(split_name(env, "out"))
+                names += [split_name(env, "in"), split_name(env, "out")]
         else:
             if every:
                 names.append(split_name(env, "in"))
