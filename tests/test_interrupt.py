@@ -126,3 +126,22 @@ def test_stopping_a_worker_that_is_already_gone_is_not_an_error(monkeypatch):
     monkeypatch.setattr(launchers, "STOP_TIMEOUT_S", 0.0)
     launchers._stop_workers(pool)  # the CI failure: ProcessLookupError from os.kill
     assert worker.killed and pool.shut_down
+
+
+@pytest.mark.parametrize("exit_status, raised", [(130, KeyboardInterrupt), (3, "BrokenProcessPool")])
+def test_a_pool_broken_by_interrupted_workers_is_an_interrupt(exit_status, raised):
+    """A Ctrl-C that the launcher sees only as its workers' deaths (the kernel gave the launcher's
+    copy of the signal to the pool's thread) still ends the sweep as interrupted; a worker that
+    died of anything else still breaks the pool as it did."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+    from concurrent.futures.process import BrokenProcessPool
+
+    from domaingen.sweep import parallel as launchers
+    from domaingen.sweep.workers import LaunchOptions
+
+    expected = BrokenProcessPool if raised == "BrokenProcessPool" else raised
+    with ProcessPoolExecutor(2, mp_context=multiprocessing.get_context("spawn")) as pool:
+        futures = [pool.submit(os._exit, exit_status) for _ in range(3)]
+        with pytest.raises(expected):
+            launchers._collect_results(pool, futures, LaunchOptions(progress=False))

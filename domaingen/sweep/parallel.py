@@ -9,6 +9,7 @@ import os
 import signal
 import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures.process import BrokenProcessPool
 from typing import Any, Mapping, Sequence
 
 from domaingen.sweep.gpus import CUDA_VISIBLE_DEVICES, detect_gpus, worker_gpus
@@ -36,13 +37,16 @@ INTERRUPT_GRACE_S = 1.0
 
 STOP_TIMEOUT_S = 60.0
 
+# The exit status of a worker that an interrupt stopped (128 + SIGINT, as a shell reports it).
+INTERRUPTED_EXIT = 130
+
 
 def _interrupt_worker(signum: int, frame: Any) -> None:
     """A parallel worker's SIGINT handler: interrupt the running job once; otherwise exit."""
     if _WORKER_STATE["running_job"] and not _WORKER_STATE["stopping"]:
         _WORKER_STATE["stopping"] = True
         raise KeyboardInterrupt
-    os._exit(130)  # idle between jobs, or interrupted again while stopping: nothing to save
+    os._exit(INTERRUPTED_EXIT)  # idle between jobs, or interrupted again while stopping: nothing to save
 
 
 def _quiet_worker(threads: int) -> None:
@@ -71,7 +75,7 @@ def cached_job(job_id: str, config_kwargs: Mapping[str, Any], threads: int | Non
     try:
         return run_job(job_id, config_kwargs, threads, worker_cache())
     except KeyboardInterrupt:
-        os._exit(130)
+        os._exit(INTERRUPTED_EXIT)
     finally:
         _WORKER_STATE["running_job"] = False
 
@@ -79,6 +83,7 @@ def cached_job(job_id: str, config_kwargs: Mapping[str, Any], threads: int | Non
 def _collect_results(pool: ProcessPoolExecutor, futures: Sequence[Any], options: LaunchOptions) -> list[JobResult]:
     """The futures' results as they finish; on an interrupt (Ctrl-C, or SIGTERM through the
     CLI) the pending jobs are cancelled and the workers stopped before it propagates."""
+    workers = list(getattr(pool, "_processes", {}).values())
     results = []
     try:
         with progress_bar(len(futures), options) as bar:
@@ -88,7 +93,22 @@ def _collect_results(pool: ProcessPoolExecutor, futures: Sequence[Any], options:
     except KeyboardInterrupt:
         _stop_workers(pool)
         raise
+    except BrokenProcessPool:
+        # A Ctrl-C reaches the whole process group at once. The kernel may hand the launcher's
+        # copy to the pool's thread, whose wake-up then shows the main thread a pool broken by
+        # its interrupted workers before the KeyboardInterrupt: that is the same interrupt.
+        if not _interrupted(workers):
+            raise
+        _stop_workers(pool)
+        raise KeyboardInterrupt from None
     return results
+
+
+def _interrupted(workers: Sequence[Any]) -> bool:
+    """Whether any of the pool's worker processes ended because an interrupt stopped it."""
+    for process in workers:
+        process.join(INTERRUPT_GRACE_S)
+    return any(process.exitcode == INTERRUPTED_EXIT for process in workers)
 
 
 def _stop_workers(pool: ProcessPoolExecutor) -> None:
