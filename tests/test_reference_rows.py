@@ -137,3 +137,20 @@ def test_later_algorithms_name_their_paper_and_table():
     assert not set(later["algorithm"]) & set(RESULTS_TEX_ALGORITHMS)
     for source in set(later["source"]):
         assert " paper (" in source and ("Table" in source or "as quoted in" in source), source
+
+
+def test_dmg_file_gives_the_papers_averages_per_backbone_under_every_selection():
+    """results/reference_dmg.csv: DMG's published out-of-domain averages, one row per backbone, no selection named
+    (the paper selects on its own source-domain validation split), so each prints under every selection method."""
+    from domaingen.tables.reference import reference_rows
+
+    frame = read_reference(RESULTS_DIR / "reference_dmg.csv")
+    for method in ("training", "loo", "oracle"):
+        pacs = reference_rows(frame, "PACS", method, "test")
+        assert {source.split(", ")[1]: cells[AVG][2] for (algorithm, source), cells in pacs.items()
+                if algorithm == "DMG"} == {"AlexNet ImageNet": "73.32", "ResNet-18 ImageNet": "81.46",
+                                           "ResNet-50 ImageNet": "83.37"}
+        domainnet = reference_rows(frame, "DomainNet", method, "test")
+        assert {(algorithm, cells[AVG][2]) for (algorithm, _), cells in domainnet.items()} == \
+            {("DMG", "43.63"), ("MetaReg", "43.62")}
+    assert reference_rows(frame, "PACS", "training", "indomain") == {}  # Table 3 is not in the file
