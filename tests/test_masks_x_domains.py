@@ -57,6 +57,9 @@ def test_matrix_equals_a_loop_over_masks_and_environments(runs, capsys, name):
         assert matrix["accuracy"][3] == [pytest.approx(hand_accuracy(loaded.algorithm, s, mode="mask_ens"))
                                          for s in splits]
     assert "Pred-Ens" in out and "-90% (in, test)" in out
+    unit = "head" if name == "MultiHead" else "mask"
+    assert f"each training domain's {unit} (known-domain prediction; rows)" in out and " kd " not in out
+    assert out.split("known-domain prediction; rows)")[1].split("\n")[2].split()[0] == unit  # the table's header
 
 
 def test_diagnose_keeps_the_matrix(runs, capsys):
@@ -77,17 +80,44 @@ def test_an_algorithm_without_domain_aware_prediction_is_one_line_exit_2_and_wri
     assert sorted(p.name for p in runs["ERM"].iterdir()) == before
 
 
-def test_report_draws_the_matrix_as_a_heatmap(runs, tmp_path, capsys):
+@pytest.mark.parametrize("name", ["DMG", "MultiHead"])
+def test_report_draws_the_matrix_as_a_heatmap(runs, tmp_path, capsys, name):
     pytest.importorskip("matplotlib")
     from domaingen.inspect.report import build_report
 
-    main(["-q", "evaluate", str(runs["DMG"]), "--masks_x_domains"])
+    main(["-q", "evaluate", str(runs[name]), "--masks_x_domains"])
     capsys.readouterr()
-    sweep = runs["DMG"].parent
-    report = build_report(sweep, tmp_path / "out", keep_figures=True)
+    report = build_report(runs[name].parent, tmp_path / "out", keep_figures=True)
     figure = next(f for f in report.figures if f.name.endswith("_masks_x_domains.png"))
-    matrix = json.loads((runs["DMG"] / "diagnostics.json").read_text())["masks_x_domains"]
-    image = figure.figure.axes[0].get_images()[0]
+    matrix = json.loads((runs[name] / "diagnostics.json").read_text())["masks_x_domains"]
+    ax, colorbar = figure.figure.axes
+    image = ax.get_images()[0]
     assert np.allclose(image.get_array(), 100 * np.array(matrix["accuracy"]))
-    texts = [t.get_text() for t in figure.figure.axes[0].texts]
+    assert image.get_clim() == (0, 100) and colorbar.get_ylabel() == "accuracy (%)"  # one scale for every algorithm
+    texts = [t.get_text() for t in ax.texts]
     assert texts == [f"{100 * v:.1f}" for row in matrix["accuracy"] for v in row]
+    unit = "head" if name == "MultiHead" else "mask"
+    assert [t.get_text() for t in ax.get_yticklabels()] == [f"{unit} +90%", f"{unit} +80%", "Pred-Ens"] + (
+        ["Mask-Ens"] if name == "DMG" else [])
+    assert ax.get_ylabel() == f"{unit} applied" and f"domain's {unit} on every environment" in ax.get_title()
+    assert "kd" not in figure.caption and "known-domain" in figure.caption
+    assert ("Mask-Ens" in figure.caption) == (name == "DMG")
+    # the held-out environment (column 2) is set apart by a white vertical line as well as its *
+    assert [t.get_text() for t in ax.get_xticklabels()][2] == "-90%*\n(in)"
+    assert [list(line.get_xdata()) for line in ax.get_lines() if line.get_xdata()[0] == line.get_xdata()[1]] == [[1.5, 1.5]]
+
+
+def test_heatmap_shows_a_missing_cell_and_page_sized_text():
+    pytest.importorskip("matplotlib")
+    from domaingen.inspect.report import DPI, _pyplot, masks_x_domains_heatmap
+
+    matrix = {"rows": ["a", "b", "Pred-Ens"], "columns": ["a", "b", "c"], "splits": ["out", "out", "in"],
+              "test_envs": [0], "train_rows": 2, "accuracy": [[0.5, float("nan"), 0.25], [0.9, 0.8, 0.7], [0.6, 0.6, 0.6]]}
+    spec = masks_x_domains_heatmap("r", "run", matrix, _pyplot())
+    ax = spec.figure.axes[0]
+    image = ax.get_images()[0]
+    assert image.get_array().mask[0, 1] and image.cmap.get_bad()[:3] == pytest.approx((0.85, 0.85, 0.85))
+    assert ax.texts[1].get_text() == "–" and ax.texts[1].get_color() == "black"
+    assert 1000 <= spec.figure.get_figwidth() * DPI <= 1100
+    assert min(t.get_fontsize() for t in ax.texts + ax.get_xticklabels() + ax.get_yticklabels()) >= 9
+    assert "validation split, which model selection reads" in spec.caption

@@ -88,9 +88,9 @@ def compare_with_record(accuracies: Mapping[str, float], record: Mapping[str, An
     return f"differs from the record of step {record['step']} by up to {gap:.2g} ({worst})"
 
 
-def matrix_table(matrix: Mapping[str, Any]) -> str:
-    """The mask-by-domain matrix as text: a row per applied mask, a column per environment (its split)."""
-    headers = ["mask"] + [f"{name} ({which}{', test' if env in matrix['test_envs'] else ''})"
+def matrix_table(matrix: Mapping[str, Any], unit: str = "mask") -> str:
+    """The mask-by-domain matrix as text: a row per applied mask (or head), a column per environment (its split)."""
+    headers = [unit] + [f"{name} ({which}{', test' if env in matrix['test_envs'] else ''})"
                           for env, (name, which) in enumerate(zip(matrix["columns"], matrix["splits"]))]
     rows = [[label, *(_fmt(v) for v in values)] for label, values in zip(matrix["rows"], matrix["accuracy"])]
     return tabulate(rows, headers=headers, disable_numparse=True)
@@ -115,7 +115,7 @@ def write_diagnostics_section(path: Any, key: str, value: Any) -> None:
 
 
 def evaluate_command(ns: argparse.Namespace) -> int:
-    from domaingen.inspect.masks_x_domains import SECTION, domain_mode, masks_x_domains
+    from domaingen.inspect.masks_x_domains import SECTION, applied, domain_mode, masks_x_domains
     from domaingen.run.reload import evaluate_run, load_run, run_precision
 
     loaded = load_run(ns.run_dir, ns.checkpoint, ns.data_dir, ns.device)
@@ -132,8 +132,10 @@ def evaluate_command(ns: argparse.Namespace) -> int:
         matrix = masks_x_domains(loaded, ns.precision)
         output = loaded.path / "diagnostics.json"
         write_diagnostics_section(output, SECTION, matrix)
-        print(f"\neach training domain's {matrix['mode']} mask (rows) on every environment (columns: its split)\n")
-        print(matrix_table(matrix))
+        unit = applied(args["algorithm"])
+        print(f"\neach training domain's {unit} (known-domain prediction; rows) on every environment "
+              "(columns: the split each reads)\n")
+        print(matrix_table(matrix, unit))
         print(f"\nwrote the matrix to {output} ({SECTION})")
     return 0
 

@@ -119,7 +119,9 @@ IoU, ModReg's kept fraction), DMG-style mask heatmaps (from `diagnostics.json`,
 else from `selected.pt`'s `masks.logits.*`), and selectivity histograms
 (training vs held-out) where `diagnose` has been run; for `diagnose
 --domain_masks`, the mask-by-environment accuracy heatmaps (masks kept and
-inverted, control, unmasked) and the keep-probability histograms; for
+inverted, control, unmasked), the sharing s(t, r) and the keep-probability
+histograms; for `evaluate --masks_x_domains`, its matrix (accuracy heatmaps
+on a fixed 0-100 % scale); for
 FeatureContamination runs, the first-layer projections onto the core and
 background subspaces and the probe accuracy per background shift over steps,
 and each neuron's projections coloured by its asymmetry. Checkpoints that skip a

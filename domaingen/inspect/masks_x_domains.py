@@ -23,6 +23,12 @@ from domaingen.run.reload import LoadedRun, run_precision
 
 SECTION = "masks_x_domains"
 ENSEMBLE_ROWS = (("Pred-Ens", None), ("Mask-Ens", "mask_ens"))
+HEAD_ALGORITHMS = ("MultiHead",)  # their domain-taking prediction picks a head, not a mask
+
+
+def applied(algorithm: str) -> str:
+    """What row d of the matrix applies to every example: domain d's "head" (MultiHead) or "mask" (DMG)."""
+    return "head" if algorithm in HEAD_ALGORITHMS else "mask"
 
 
 def domain_mode(algorithm: Any) -> str:

@@ -25,7 +25,7 @@ from typing import Any, Sequence
 import numpy as np
 import pandas as pd
 
-from domaingen.inspect.masks_x_domains import SECTION as MASKS_X_DOMAINS
+from domaingen.inspect.masks_x_domains import SECTION as MASKS_X_DOMAINS, applied
 from domaingen.tables.collect import Collection, collect
 from domaingen.errors import DomaingenError
 from domaingen.tables.reporting import build_tables, done_runs, error_note, table_marks
@@ -38,6 +38,8 @@ ACC = re.compile(r"^env(\d+)_(in|out)_acc$")
 LOSS = re.compile(r"(loss|nll|penalty|_s\d)$|^loss")
 MASK_CURVE = re.compile(r"(iou|kept_fraction)$")
 DPI = 90
+PAGE_WIDTH = 12.0  # inches: at DPI, the page's 1100 px column, so such a figure is shown unscaled
+FONT = 10  # points: 12.5 px at DPI
 
 
 class _Figures:
@@ -48,9 +50,14 @@ class _Figures:
 
         self.Figure = Figure
 
-    def subplots(self, nrows: int = 1, ncols: int = 1, *, figsize, dpi, squeeze: bool = True):
-        fig = self.Figure(figsize=figsize, dpi=dpi)
+    def subplots(self, nrows: int = 1, ncols: int = 1, *, figsize, dpi, squeeze: bool = True, layout: str | None = None):
+        fig = self.Figure(figsize=figsize, dpi=dpi, layout=layout)
         return fig, fig.subplots(nrows, ncols, squeeze=squeeze)
+
+    def mosaic(self, layout: list[list[str]], *, figsize, dpi, **gridspec) -> tuple[Any, dict[str, Any]]:
+        """A constrained-layout figure and its named axes (matplotlib's subplot_mosaic)."""
+        fig = self.Figure(figsize=figsize, dpi=dpi, layout="constrained")
+        return fig, fig.subplot_mosaic(layout, gridspec_kw=gridspec)
 
     def close(self, fig) -> None:
         fig.clear()
@@ -234,31 +241,69 @@ def mask_heatmaps(name: str, label: str, matrices: dict[str, list[list[float]]],
                       "(yellow: kept).", fig, {k: v for k, v in matrices.items()})
 
 
-def masks_x_domains_heatmap(name: str, label: str, matrix: dict[str, Any], plt) -> FigureSpec:
-    """The mask-by-domain matrix of `evaluate --masks_x_domains` (DMG's Table 4) as an annotated heatmap."""
-    values = np.array(matrix["accuracy"], dtype=float) * 100
-    rows, columns = matrix["rows"], matrix["columns"]
-    test_envs = set(matrix.get("test_envs", ()))
-    fig, ax = plt.subplots(figsize=(1.2 + 1.05 * len(columns), 0.9 + 0.42 * len(rows)), dpi=DPI)
-    ax.imshow(values, aspect="auto", cmap="viridis", vmin=np.nanmin(values), vmax=np.nanmax(values),
-              interpolation="nearest")
-    middle = (np.nanmin(values) + np.nanmax(values)) / 2
+def _percent_heatmap(ax, values: np.ndarray, fmt: str):
+    """`values` (%) as an annotated heatmap on the fixed 0-100 scale, so that figures compare;
+    a NaN cell is grey with a dash."""
+    from matplotlib import colormaps
+
+    cmap = colormaps["viridis"].with_extremes(bad="0.85")
+    image = ax.imshow(np.ma.masked_invalid(values), cmap=cmap, vmin=0, vmax=100, aspect="auto",
+                      interpolation="nearest")
     for (r, c), v in np.ndenumerate(values):
-        ax.text(c, r, "-" if np.isnan(v) else f"{v:.1f}", ha="center", va="center", fontsize=7,
-                color="black" if v > middle else "white")
-    ax.set_xticks(range(len(columns)), [f"{n}{'*' if i in test_envs else ''}\n({s})"
-                                        for i, (n, s) in enumerate(zip(columns, matrix["splits"]))], fontsize=7)
-    ax.set_yticks(range(len(rows)), rows, fontsize=7)
-    ax.axhline(matrix["train_rows"] - 0.5, color="white", linewidth=1.5)
-    ax.set_xlabel("environment (split); * held out", fontsize=7)
-    ax.set_ylabel("mask applied", fontsize=7)
-    ax.set_title(f"{label}: every mask on every domain, accuracy %", fontsize=9)
-    fig.tight_layout()
-    return FigureSpec(f"{name}_masks_x_domains.png",
-                      f"{label}: accuracy of each training domain's {matrix.get('mode', 'kd')} mask (rows) on every "
-                      f"environment (columns; the split each reads in brackets), then the ensembles "
-                      f"(evaluate --masks_x_domains, {matrix.get('checkpoint')} checkpoint, step {matrix.get('step')}).",
-                      fig, {"rows": rows, "columns": columns, "accuracy": matrix["accuracy"]})
+        red, green, blue, _ = cmap(v / 100)  # NaN: the grey
+        ax.text(c, r, "–" if np.isnan(v) else format(v, fmt), ha="center", va="center", fontsize=FONT,
+                color="black" if 0.299 * red + 0.587 * green + 0.114 * blue > 0.5 else "white")
+    return image
+
+
+def _environment_axis(ax, names: Sequence[str], splits: Sequence[str], test_envs: Sequence[int]) -> None:
+    """Columns labelled by environment (* held out) and the split each reads; white lines beside held-out columns."""
+    ax.set_xticks(range(len(names)), [f"{n}{'*' if i in test_envs else ''}\n({s})"
+                                      for i, (n, s) in enumerate(zip(names, splits))], fontsize=FONT)
+    ax.set_xlabel("environment (split it reads; * held out)", fontsize=FONT)
+    for x in sorted({e + side for e in test_envs for side in (-0.5, 0.5)}):
+        if -0.5 < x < len(names) - 0.5:
+            ax.axvline(x, color="white", linewidth=3)
+
+
+def _colorbar(fig, image, ax, label: str) -> None:
+    bar = fig.colorbar(image, ax=ax, fraction=0.04, pad=0.02)
+    bar.set_label(label, fontsize=FONT)
+    bar.ax.tick_params(labelsize=FONT)
+
+
+SPLIT_NOTES = {"out": "(out): a training environment's validation split, which model selection reads",
+               "idtest": "(idtest): a training environment's in-domain test split",
+               "in": "(in): the held-out environment's in split, which the test tables report"}
+
+
+def masks_x_domains_heatmap(name: str, label: str, matrix: dict[str, Any], plt, algorithm: str = "DMG") -> FigureSpec:
+    """The mask-by-domain matrix of `evaluate --masks_x_domains` (DMG's Table 4) as an annotated heatmap;
+    for MultiHead the rows apply each domain's head."""
+    unit = applied(algorithm)
+    values = np.array(matrix["accuracy"], dtype=float) * 100
+    columns, train_rows = matrix["columns"], matrix["train_rows"]
+    rows = [f"{unit} {row}" if k < train_rows else row for k, row in enumerate(matrix["rows"])]
+    test_envs = list(matrix.get("test_envs", ()))
+    fig, ax = plt.subplots(figsize=(PAGE_WIDTH, 1.5 + 0.45 * len(rows)), dpi=DPI, layout="constrained")
+    image = _percent_heatmap(ax, values, ".1f")
+    _environment_axis(ax, columns, matrix["splits"], test_envs)
+    ax.set_yticks(range(len(rows)), rows, fontsize=FONT)
+    ax.axhline(train_rows - 0.5, color="white", linewidth=3)
+    ax.set_ylabel(f"{unit} applied", fontsize=FONT)
+    ax.set_title(f"{label}: each training domain's {unit} on every environment", fontsize=FONT + 1)
+    _colorbar(fig, image, ax, "accuracy (%)")
+    ensembles = {"Pred-Ens": f"Pred-Ens (the default prediction: the mean of the logits under every {unit})",
+                 "Mask-Ens": "Mask-Ens (one network under the mean of the masks)"}
+    splits = "; ".join(note for split, note in SPLIT_NOTES.items() if split in matrix["splits"])
+    caption = (f"{label}: accuracy (%) of each training domain's {unit} (known-domain prediction: rows "
+               f"\"{unit} <environment>\") applied to every example of every environment, then "
+               f"{' and '.join(ensembles[r] for r in matrix['rows'][train_rows:] if r in ensembles)} "
+               f"(evaluate --masks_x_domains, {matrix.get('checkpoint')} checkpoint, step {matrix.get('step')}). "
+               f"Each column reads one split, in brackets: {splits}; white lines set the held-out column(s) (*) "
+               "apart. Colours span 0-100 % in every such figure, so algorithms compare.")
+    return FigureSpec(f"{name}_masks_x_domains.png", caption, fig,
+                      {"rows": rows, "columns": columns, "accuracy": matrix["accuracy"]})
 
 
 def selectivity_histograms(name: str, label: str, diagnostics: dict[str, Any], plt) -> FigureSpec:
@@ -339,52 +384,108 @@ def contamination_figures(name: str, label: str, records, diagnostics: dict[str,
     return [FigureSpec(f"{name}_contamination.png", caption, fig, data)]
 
 
+def _share(fraction: float) -> str:
+    """A fraction as a percentage that keeps a tiny one visible (0.0006%, not 0.0%)."""
+    percent = 100 * fraction
+    return f"{percent:.1f}%" if percent >= 1 or percent == 0 else f"{percent:.2g}%"
+
+
+def _span(accuracies: Sequence[float]) -> str:
+    return f"{100 * min(accuracies):.0f}-{100 * max(accuracies):.0f} %"
+
+
+def _kept_fractions(masks: dict[str, Any]) -> list[float | None]:
+    """Each domain mask's share of all masked weights (from the per-layer kept fractions); None without layers."""
+    layers = (masks.get("layers") or {}).values()
+    total = sum(layer["weights"] for layer in layers)
+    return [sum(layer["kept_fraction"][d] * layer["weights"] for layer in layers) / total if total else None
+            for d in range(len(masks["domains"]))]
+
+
 def domain_mask_figures(name: str, label: str, diagnostics: dict[str, Any] | None, plt) -> list[FigureSpec]:
-    """`diagnose --domain_masks` (Csordás et al.'s tests): the mask-by-environment accuracy heatmap
-    (each training domain's mask, the control mask and the unmasked network; inverted masks
-    beside them) and the histogram of every mask's keep probabilities."""
+    """`diagnose --domain_masks` (Csordás et al.'s tests): accuracy heatmaps of each training domain's mask,
+    the control mask and the unmasked network on every environment, kept and inverted (same rows), the
+    asymmetric sharing s(t, r) of the domains' masks, and the histogram of every mask's keep probabilities."""
     masks = (diagnostics or {}).get("domain_masks") or {}
     if "accuracy_matrix" not in masks:
         return []
-    envs = [f"{e}{'*' if i in masks.get('test_envs', []) else ''}" for i, e in enumerate(masks["environments"])]
-    rows = [f"mask {d}" for d in masks["domains"]] + ["control", "unmasked"]
-    kept = np.array(masks["accuracy_matrix"] + [masks["control"]["accuracy"], masks["unmasked_accuracy"]], dtype=float)
-    inverted = np.array(masks["inverted_accuracy_matrix"] + [masks["control"]["inverted_accuracy"]], dtype=float)
-    fig, axes = plt.subplots(1, 3, figsize=(4.0 + 1.8 * len(envs), 0.9 + 0.45 * len(rows)), dpi=DPI, squeeze=False)
-    for ax, matrix, labels, title in ((axes[0, 0], kept, rows, "mask kept"),
-                                      (axes[0, 1], inverted, rows[:-1], "inverted mask")):
-        image = ax.imshow(matrix, vmin=0, vmax=1, cmap="viridis", aspect="auto")
-        for (i, j), value in np.ndenumerate(matrix):
-            ax.text(j, i, f"{100 * value:.0f}", ha="center", va="center", fontsize=7,
-                    color="black" if value > 0.6 else "white")
-        ax.set_xticks(range(len(envs)), envs, fontsize=7)
-        ax.set_yticks(range(len(labels)), labels, fontsize=7)
-        ax.set_title(f"accuracy, {title}", fontsize=8)
-    fig.colorbar(image, ax=axes[0, 1], fraction=0.05)
-    ax = axes[0, 2]
+    names, test_envs, domains = masks["environments"], masks.get("test_envs", []), masks["domains"]
+    control = masks["control"]
+    kept_shares = _kept_fractions(masks) + [control.get("kept_fraction")]
+    rows = [f"mask {d}" for d in domains] + ["control"]
+    kept_labels = [f"{row} (kept {_share(k)})" if k is not None else row for row, k in zip(rows, kept_shares)]
+    unmasked = masks["unmasked_accuracy"]
+    kept = 100 * np.array(masks["accuracy_matrix"] + [control["accuracy"], unmasked], dtype=float)
+    inverted = 100 * np.array(masks["inverted_accuracy_matrix"] + [control["inverted_accuracy"],
+                                                                   [math.nan] * len(names)], dtype=float)
+    sharing = 100 * np.array(masks.get("sharing") or np.full((len(domains),) * 2, math.nan), dtype=float)
+
+    fig, axes = plt.mosaic([["kept", "inverted"], ["sharing", "histogram"]], dpi=DPI,
+                           figsize=(PAGE_WIDTH, 2.6 + 0.4 * (len(rows) + 1 + len(domains))),
+                           height_ratios=[len(rows) + 2, len(domains) + 2])
+    fig.get_layout_engine().set(hspace=0.08)  # the top row's axis labels apart from the bottom row's titles
+    splits = ["in" if i in test_envs else "out" for i in range(len(names))]
+    for key, matrix, labels, title in (
+            ("kept", kept, kept_labels + ["unmasked"], "accuracy (%) with the mask"),
+            ("inverted", inverted, [f"{row} inverted" for row in rows] + ["unmasked"],
+             "accuracy (%) with the mask inverted (only the weights it removed)")):
+        ax = axes[key]
+        image = _percent_heatmap(ax, matrix, ".0f")
+        _environment_axis(ax, names, splits, test_envs)
+        ax.set_yticks(range(len(labels)), labels, fontsize=FONT)
+        ax.axhline(len(domains) - 0.5, color="white", linewidth=3)
+        ax.set_ylabel("mask trained on", fontsize=FONT)
+        ax.set_title(title, fontsize=FONT)
+    _colorbar(fig, image, [axes["kept"], axes["inverted"]], "accuracy, s(t, r) (%)")
+
+    ax = axes["sharing"]
+    _percent_heatmap(ax, sharing, ".0f")
+    ax.set_xticks(range(len(domains)), domains, fontsize=FONT)
+    ax.set_yticks(range(len(domains)), [f"mask {d}" for d in domains], fontsize=FONT)
+    ax.set_xlabel("r: mask trained on", fontsize=FONT)
+    ax.set_ylabel("t: mask trained on", fontsize=FONT)
+    ax.set_title("s(t, r): share (%) of t's kept weights that r keeps", fontsize=FONT)
+
+    ax = axes["histogram"]
     counts = masks["probability_histogram"]["counts"]
-    bins = int(masks["probability_histogram"]["bins"])
-    edges = np.linspace(0, 1, bins + 1)
+    edges = np.linspace(0, 1, int(masks["probability_histogram"]["bins"]) + 1)
     for k, (mask, values) in enumerate(counts.items()):
-        ax.stairs(np.maximum(np.array(values, dtype=float), 0.5), edges, label=mask,
+        values = np.array(values, dtype=float)
+        ax.stairs(np.where(values > 0, values, math.nan), edges,  # an empty bin draws nothing (log scale)
+                  label="control" if mask == "control" else f"mask {mask}",
                   color="black" if mask == "control" else f"C{k}", linestyle="--" if mask == "control" else "-")
+    ax.axvline(0.5, color="grey", linestyle=":", label="keep threshold p = 0.5")
     ax.set_yscale("log")
-    ax.set_xlabel("sigmoid(mask logit)", fontsize=7)
-    ax.set_ylabel("weights", fontsize=7)
-    ax.set_title("keep probabilities", fontsize=8)
-    ax.legend(fontsize=6)
-    for a in axes.flat:
-        a.tick_params(labelsize=7)
-    fig.suptitle(f"{label}: domain weight masks (alpha {masks.get('alpha')}, {masks.get('steps')} steps; * held out)",
-                 fontsize=9)
-    fig.subplots_adjust(left=0.12, right=0.98, bottom=0.2, top=0.8, wspace=0.6)
-    data = {"environments": envs, "rows": rows, "accuracy": kept.tolist(), "inverted_accuracy": inverted.tolist(),
-            "histogram": counts}
-    return [FigureSpec(f"{name}_domain_masks.png", f"{label}: Csordás et al.'s tests on per-domain weight masks "
-                       "(diagnose --domain_masks): accuracy (%) of each mask on every environment, of the same masks "
-                       "inverted (only the weights they removed), and the distribution of keep probabilities; "
-                       "a control mask trained on every training domain that loses accuracy means alpha is too strong.",
-                       fig, data)]
+    ax.set_xlim(0, 1)
+    ax.set_xlabel("keep probability p = sigmoid(mask logit)", fontsize=FONT)
+    ax.set_ylabel("weights", fontsize=FONT)
+    ax.set_title("keep probabilities of every masked weight", fontsize=FONT)
+    ax.legend(fontsize=FONT - 1, loc="upper right")
+    for a in axes.values():
+        a.tick_params(labelsize=FONT)
+    fig.suptitle(f"{label}: domain weight masks (alpha {masks.get('alpha')}, {masks.get('steps')} steps)",
+                 fontsize=FONT + 1)
+
+    caption = (f"{label}: Csordás et al.'s tests on per-domain weight masks (diagnose --domain_masks): accuracy (%) "
+               "of each domain's mask, of a control mask trained on every training domain and of the unmasked "
+               "network on every environment (row labels: the share of the masked weights each mask keeps), of "
+               "the same masks inverted (only the weights they removed; the unmasked network has no inverse), the "
+               "asymmetric sharing s(t, r) = |M_t ∩ M_r| / |M_t| over all masked weights, and the distribution of "
+               "keep probabilities (a weight is kept when p > 0.5). Columns read a training environment's (out) "
+               "split, the held-out one's (in) split (*), the first "
+               f"{(diagnostics or {}).get('max_examples', 'all')} examples of each. A control mask that loses "
+               "accuracy means alpha is too strong.")
+    if control.get("kept_fraction", 1) < 0.01:
+        caption += f" Here the control mask keeps {_share(control['kept_fraction'])} of the weights, almost nothing"
+        if np.mean(control["accuracy"]) < np.mean(unmasked) - 0.05:
+            caption += (f", and its accuracy ({_span(control['accuracy'])}) is far below the unmasked network's "
+                        f"({_span(unmasked)}): alpha {masks.get('alpha')} is too strong for these masks to tell "
+                        "which weights a domain needs; rerun with a smaller --mask_alpha")
+        caption += "."
+    data = {"environments": [f"{e}{'*' if i in test_envs else ''}" for i, e in enumerate(names)],
+            "rows": rows + ["unmasked"], "kept_fraction": kept_shares, "accuracy": (kept / 100).tolist(),
+            "inverted_accuracy": (inverted / 100).tolist(), "sharing": masks.get("sharing"), "histogram": counts}
+    return [FigureSpec(f"{name}_domain_masks.png", caption, fig, data)]
 
 
 def mask_matrices(run_dir: Path, diagnostics: dict[str, Any] | None) -> dict[str, list[list[float]]]:
@@ -431,7 +532,8 @@ def run_figures(run_dir: Path, label: str, test_envs: Sequence[int], step: int |
     figures += contamination_figures(name, label, records, diagnostics, plt)
     figures += domain_mask_figures(name, label, diagnostics, plt)
     if diagnostics and isinstance(diagnostics.get(MASKS_X_DOMAINS), dict):
-        figures.append(masks_x_domains_heatmap(name, label, diagnostics[MASKS_X_DOMAINS], plt))
+        algorithm = (records[0].get("args") or {}).get("algorithm") or diagnostics.get("algorithm", "")
+        figures.append(masks_x_domains_heatmap(name, label, diagnostics[MASKS_X_DOMAINS], plt, algorithm))
     return figures
 
 
