@@ -30,7 +30,11 @@ gradient flows through the featurizer (DomainBed computes and discards it); Doma
 runs LARS as that class defines it; DomainBed's class also holds a ReduceLROnPlateau
 schedule (`set_lr`) that its training script never calls, left out here. ERM++'s other
 ingredients (longer training, full-data retraining, its initialisations) are protocol
-choices, not part of the update: set `steps` and `backbone` for them. The average already is the evaluated model, so `X+EMA` and
+choices, not part of the update: set `steps` and `backbone` for them. Checked against
+DomainBed's class (b93c22a) with MNIST_CNN, its weights copied, 3 domains x 16 examples,
+`linear_steps` 2 and `sma_start_iter` 3, on 2- and 10-class inputs: predictions are
+bit-identical through the warm-up and within 7.4e-7 (relative to the largest logit) after
+7 updates; with LARS (DomainBed's `foreach` argument dropped so that it runs) within 2.1e-6. The average already is the evaluated model, so `X+EMA` and
 `X+SWAD` refuse ERMPlusPlus; `ERMPlusPlus+ModReg` averages the mask logits like weights.
 """
 
