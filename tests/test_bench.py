@@ -45,3 +45,24 @@ def test_cpu_time_counters_without_proc_stat(monkeypatch):
 
     monkeypatch.setattr("builtins.open", missing)
     assert bench.cpu_time_counters() is None
+
+
+def test_overhead_table_steps_only_the_precisions_asked_for(monkeypatch):
+    """`--precisions fp32` (a CPU without native bf16, where bf16 is emulated) steps and prints fp32 alone."""
+    stepped = []
+
+    class Timed:
+        def __init__(self, name):
+            self.name = name
+
+        def update(self, batches):
+            stepped.append((self.name, torch.is_autocast_enabled("cpu")))
+
+    monkeypatch.setattr(bench, "_overhead_model", lambda name, device, setting: (Timed(name), []))
+    monkeypatch.setattr(bench, "step_memory_mb", lambda model, batches, device, precision: 1.0)
+    monkeypatch.setattr(bench, "state_memory_mb", lambda model: 1.0)
+    rows = bench.bench_overhead_table(["IRM"], "ERM", 2, "MNIST_CNN", ("fp32",))
+    assert stepped and not any(autocast for _, autocast in stepped)  # no bf16 step at all
+    assert len(stepped) == 2 * (2 + 3)  # two models, steps plus three warm-up steps
+    assert len(rows) == 1 and rows[0][0] == "IRM / ERM, MNIST_CNN"
+    assert rows[0][1].startswith("fp32: ") and "bf16" not in rows[0][1] and "memory 1.00x" in rows[0][1]

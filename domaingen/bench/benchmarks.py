@@ -168,6 +168,8 @@ def bench_convolution_floor(steps: int) -> list[list]:
 
 
 # the settings `--only overhead` compares a step in: (dataset, hparams on top of its defaults, examples per env)
+PRECISIONS = ("fp32", "bf16")
+
 OVERHEAD_SETTINGS = {
     "MNIST_CNN": ("ColoredMNIST", {"featurizer": "MNIST_CNN"}, 64),
     # the IRM paper's protocol: 392-390-390-1 MLP, full batch, two environments of 25,000
@@ -222,8 +224,9 @@ def state_memory_mb(model) -> float:
     return sum(t.numel() * t.element_size() for t in tensors) / 2**20
 
 
-def bench_overhead(algorithm: str, base: str, steps: int, settings: Sequence[str] = tuple(OVERHEAD_SETTINGS)) -> list[list]:
-    """`algorithm`'s train step against `base`'s in each of OVERHEAD_SETTINGS: time and memory.
+def bench_overhead(algorithm: str, base: str, steps: int, settings: Sequence[str] = tuple(OVERHEAD_SETTINGS),
+                   precisions: Sequence[str] = PRECISIONS) -> list[list]:
+    """`algorithm`'s train step against `base`'s in each of OVERHEAD_SETTINGS and `precisions`: time and memory.
 
     MNIST_CNN: 64 per env x 2 envs; the IRM paper's MLP: 25,000 per env x 2 (full batch).
     Steps of the two alternate in one process and the medians are compared, so a
@@ -234,7 +237,7 @@ def bench_overhead(algorithm: str, base: str, steps: int, settings: Sequence[str
     device = resolve_device("auto")
     rows = []
     for setting in settings:
-        for precision in ("fp32", "bf16"):
+        for precision in precisions:
             models = {name: _overhead_model(name, device, setting) for name in (base, algorithm)}
             times: dict[str, list[float]] = {name: [] for name in models}
             cpu_times: dict[str, list[float]] = {name: [] for name in models}
@@ -266,16 +269,17 @@ def overhead_algorithms(names: Sequence[str]) -> list[str]:
     return list(dict.fromkeys([n for n in names if n != "all"] + every))
 
 
-def bench_overhead_table(algorithms: Sequence[str], base: str, steps: int, setting: str = "MNIST_CNN") -> list[list]:
-    """One row per algorithm: its step time and memory in fp32 and bf16 as multiples of `base`'s,
+def bench_overhead_table(algorithms: Sequence[str], base: str, steps: int, setting: str = "MNIST_CNN",
+                         precisions: Sequence[str] = PRECISIONS) -> list[list]:
+    """One row per algorithm: its step time and memory in each of `precisions` as multiples of `base`'s,
     measured as `bench_overhead` measures them (steps alternating with `base`'s, medians)."""
     rows = []
     for algorithm in algorithms:
-        cells = bench_overhead(algorithm, base, steps, [setting])
+        cells = bench_overhead(algorithm, base, steps, [setting], precisions)
         ratios = [value for label, value in cells if label.startswith(f"{algorithm} / ")]
         times = [value for label, value in cells if label.startswith(f"{algorithm} step")]
         rows.append([f"{algorithm} / {base}, {setting}",
-                     "; ".join(f"{p}: {t.split(',')[0]}, {r}" for p, t, r in zip(("fp32", "bf16"), times, ratios))])
+                     "; ".join(f"{p}: {t.split(',')[0]}, {r}" for p, t, r in zip(precisions, times, ratios))])
     return rows
 
 
@@ -680,6 +684,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="algorithms whose step is compared with --base (the overhead section); all: every "
                              "registered one, a row each")
     parser.add_argument("--base", default="ERM")
+    parser.add_argument("--precisions", nargs="+", choices=PRECISIONS, default=list(PRECISIONS),
+                        help="overhead: the precisions to step in (bf16 on a CPU without native bf16 is emulated "
+                             "and slow: fp32 alone there)")
     parser.add_argument("--overhead_settings", nargs="+", choices=list(OVERHEAD_SETTINGS), default=list(OVERHEAD_SETTINGS),
                         help="overhead: the models and batch sizes to compare the steps in")
     parser.add_argument("--workers", type=int, default=2, help="images: DataLoader workers to measure")
@@ -722,9 +729,9 @@ def main(argv: list[str] | None = None) -> int:
         names = overhead_algorithms(ns.overhead)
         if len(names) > 1:
             for setting in ns.overhead_settings:
-                rows += bench_overhead_table(names, ns.base, ns.steps, setting)
+                rows += bench_overhead_table(names, ns.base, ns.steps, setting, ns.precisions)
         else:
-            rows += bench_overhead(names[0], ns.base, ns.steps, ns.overhead_settings)
+            rows += bench_overhead(names[0], ns.base, ns.steps, ns.overhead_settings, ns.precisions)
     if ns.only in (None, "images"):
         rows += bench_images(ns.workers)
         rows += bench_timm_backbones(max(3, ns.steps // 4), ns.image_size, backbones=ns.timm_models)
