@@ -92,17 +92,51 @@ class Report:
 # ---- which runs ----------------------------------------------------------------
 
 
-def selected_runs(records: pd.DataFrame, method: str = "training") -> pd.DataFrame:
-    """One row per cell (dataset, algorithm, test_env): the first trial of the selected hyperparameters, with its step."""
-    chosen = select(records, method)
-    if chosen.empty:
-        return chosen
-    chosen = chosen.drop(columns=["run", "hparams"], errors="ignore").merge(records[["run", "dataset", "algorithm", "hparams_seed", "trial_seed", "test_envs"]]
-                          .assign(test_env=lambda f: f["test_envs"].map(lambda e: e[0] if len(e) == 1 else -1))
-                          .drop(columns="test_envs").drop_duplicates(),
-                          on=["dataset", "algorithm", "test_env", "hparams_seed", "trial_seed"], how="left")
-    chosen = chosen.sort_values(["dataset", "algorithm", "test_env", "trial_seed"], kind="stable")
-    return chosen.drop_duplicates(["dataset", "algorithm", "test_env"], keep="first").reset_index(drop=True)
+def run_overrides(run_dir: Path) -> dict[str, Any]:
+    """A run's explicit `--hparams` overrides (args.json, else its first record's args); {} when none."""
+    args: Any = None
+    if (run_dir / "args.json").is_file():
+        try:
+            args = json.loads((run_dir / "args.json").read_text())
+        except json.JSONDecodeError:
+            args = None
+    if not isinstance(args, dict):
+        first = next(iter(read_jsonl(run_dir / RESULTS)), None) if (run_dir / RESULTS).is_file() else None
+        args = (first or {}).get("args") if isinstance(first, dict) else None
+    overrides = (args or {}).get("hparams") if isinstance(args, dict) else None
+    if isinstance(overrides, str):  # DomainBed's args hold the --hparams JSON string
+        try:
+            overrides = json.loads(overrides)
+        except json.JSONDecodeError:
+            overrides = None
+    return overrides if isinstance(overrides, dict) else {}
+
+
+def overrides_text(overrides: str) -> str:
+    """'activation=identity, lr=0.05' for the JSON of a run's overrides; '' for none."""
+    return ", ".join(f"{k}={v}" for k, v in json.loads(overrides or "{}").items())
+
+
+def selected_runs(records: pd.DataFrame, method: str = "training",
+                  overrides: dict[str, str] | None = None) -> pd.DataFrame:
+    """One row per cell (dataset, algorithm, test_env) and set of `--hparams` overrides: the first trial of
+    the hyperparameters `select` chooses, as it returns it (its `run` directory, `step`, accuracies).
+
+    `overrides` maps a run to the JSON of its overrides (sorted keys; a run not in it has none).
+    Runs of one cell that differ in their overrides (an ablation such as a ReLU network and its
+    linear twin) are selected apart, so each keeps its own run and step; column `overrides`.
+    """
+    variant = records["run"].map(lambda run: (overrides or {}).get(run, "{}"))
+    parts = [select(group, method).assign(overrides=key)
+             for key, group in records.assign(overrides=variant).groupby("overrides", sort=True)]
+    parts = [part for part in parts if len(part)]
+    if not parts:
+        return pd.DataFrame()
+    chosen = pd.concat(parts, ignore_index=True)
+    chosen = chosen.assign(plain=chosen["overrides"] != "{}")  # a cell's run without overrides first
+    chosen = chosen.sort_values(["dataset", "algorithm", "test_env", "plain", "overrides", "trial_seed"], kind="stable")
+    chosen = chosen.drop_duplicates(["dataset", "algorithm", "test_env", "overrides"], keep="first")
+    return chosen.drop(columns="plain").reset_index(drop=True)
 
 
 def run_records(run_dir: Path) -> list[dict[str, Any]]:
@@ -127,6 +161,13 @@ def _numeric_keys(records: Sequence[dict[str, Any]]) -> list[str]:
             if isinstance(v, (int, float)) and not isinstance(v, bool) and k not in ("step", "epoch", "step_time", "mem_gb"):
                 keys.setdefault(k, None)
     return list(keys)
+
+
+def _wrap(text: str, width_in: float, fontsize: float) -> str:
+    """`text` broken into lines that fit `width_in` inches at `fontsize` points (about 0.55 em a character)."""
+    import textwrap
+
+    return textwrap.fill(text, max(20, int(width_in * 72 / (0.55 * fontsize))))
 
 
 # ---- figures -------------------------------------------------------------------
@@ -160,7 +201,7 @@ def accuracy_bars(table, plt, error: str = "domainbed") -> FigureSpec:
 
 def accuracy_curves(name: str, label: str, records, test_envs, step: int | None, plt) -> FigureSpec:
     """Every environment's in (solid) and out (dashed) accuracy over steps; the selected step marked."""
-    fig, ax = plt.subplots(figsize=(5.5, 3.2), dpi=DPI)
+    fig, ax = plt.subplots(figsize=(5.5, 3.2), dpi=DPI, layout="constrained")
     data: dict[str, Any] = {}
     envs = sorted({int(m.group(1)) for r in records for k in r if (m := ACC.match(k))})
     sparse = False
@@ -179,8 +220,7 @@ def accuracy_curves(name: str, label: str, records, test_envs, step: int | None,
     ax.set_xlabel("step")
     ax.set_ylabel("accuracy")
     ax.legend(fontsize=7, ncol=2)
-    ax.set_title(f"{label}: accuracy per environment (* held out)", fontsize=9)
-    fig.subplots_adjust(left=0.12, right=0.97, bottom=0.15, top=0.9)
+    ax.set_title(_wrap(f"{label}: accuracy per environment (* held out)", 5.0, 9), fontsize=9)
     caption = (f"{label}: accuracy of every environment's in and out split; "
                f"the grey line marks the selected checkpoint (step {step}).")
     if sparse:
@@ -192,21 +232,24 @@ def accuracy_curves(name: str, label: str, records, test_envs, step: int | None,
 
 
 def small_multiples(name: str, label: str, records, keys: Sequence[str], what: str, plt) -> FigureSpec:
-    """One small panel per record field over steps (fields of different scales side by side)."""
+    """One small panel per record field over steps (fields of different scales side by side); at least
+    half the page wide, laid out by matplotlib's constrained layout so no title or tick label is cut."""
     cols = min(3, len(keys))
     rows = math.ceil(len(keys) / cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(3.2 * cols, 2.2 * rows), dpi=DPI, squeeze=False)
+    width = max(PAGE_WIDTH / 2, 3.6 * cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(width, 0.7 + 2.5 * rows), dpi=DPI, squeeze=False,
+                             layout="constrained")
     data: dict[str, Any] = {}
     for ax, key in zip(axes.flat, keys):
         xs, ys = _series(records, key)
         ax.plot(xs, ys, marker=".", label=key)
-        ax.set_title(key, fontsize=8)
-        ax.tick_params(labelsize=7)
+        ax.set_title(key, fontsize=FONT)
+        ax.set_xlabel("step", fontsize=FONT - 1)
+        ax.tick_params(labelsize=FONT - 1)
         data[key] = {"x": xs, "y": ys}
     for ax in list(axes.flat)[len(keys):]:
         ax.axis("off")
-    fig.suptitle(f"{label}: {what}", fontsize=9)
-    fig.subplots_adjust(left=0.1, right=0.97, bottom=0.12, top=1 - 0.35 / (2.2 * rows), hspace=0.55, wspace=0.35)
+    fig.suptitle(_wrap(f"{label}: {what}", width, FONT + 1), fontsize=FONT + 1)
     return FigureSpec(f"{name}_{what.split()[0]}.png", f"{label}: {what} over steps.", fig, data)
 
 
@@ -307,9 +350,12 @@ def masks_x_domains_heatmap(name: str, label: str, matrix: dict[str, Any], plt, 
 
 
 def selectivity_histograms(name: str, label: str, diagnostics: dict[str, Any], plt) -> FigureSpec:
-    """Per layer, the selectivity of its neurons on the training vs the held-out environments."""
+    """Per layer, the selectivity of its neurons on the training vs the held-out environments (at least half
+    the page wide, constrained layout: a single layer's panel keeps its whole title)."""
     layers = {k: v for k, v in diagnostics.get("layers", {}).items() if "train" in v and "test" in v}
-    fig, axes = plt.subplots(1, max(1, len(layers)), figsize=(3.2 * max(1, len(layers)), 2.6), dpi=DPI, squeeze=False)
+    width = max(PAGE_WIDTH / 2, 3.6 * max(1, len(layers)))
+    fig, axes = plt.subplots(1, max(1, len(layers)), figsize=(width, 3.2), dpi=DPI, squeeze=False,
+                             layout="constrained")
     data: dict[str, Any] = {}
     bins = np.linspace(0, 1, 21)
     for ax, (layer, entry) in zip(axes[0], layers.items()):
@@ -317,71 +363,204 @@ def selectivity_histograms(name: str, label: str, diagnostics: dict[str, Any], p
             values = np.array([v for v in entry[role]["selectivity_per_neuron"] if v is not None], dtype=float)
             ax.hist(values, bins=bins, alpha=0.5, color=color, label=f"{role} (mean {np.nanmean(values):.2f})")
             data[f"{layer} {role}"] = values.tolist()
-        ax.set_title(layer, fontsize=8)
-        ax.legend(fontsize=7)
-        ax.tick_params(labelsize=7)
-    fig.suptitle(f"{label}: neuron selectivity, training vs held-out environments", fontsize=9)
-    fig.subplots_adjust(left=0.08, right=0.98, bottom=0.12, top=0.8, wspace=0.3)
+        ax.set_title(layer, fontsize=FONT)
+        ax.set_xlabel("selectivity", fontsize=FONT - 1)
+        ax.set_ylabel("neurons", fontsize=FONT - 1)
+        ax.legend(fontsize=FONT - 1)
+        ax.tick_params(labelsize=FONT - 1)
+    fig.suptitle(_wrap(f"{label}: neuron selectivity, training vs held-out environments", width, FONT + 1),
+                 fontsize=FONT + 1)
     return FigureSpec(f"{name}_selectivity.png", f"{label}: selectivity of each neuron (diagnostics.json, "
                       f"{diagnostics.get('checkpoint')} checkpoint, step {diagnostics.get('step')}).", fig, data)
 
 
-PROBE_ACC = re.compile(r"^fc_acc_s([0-9.]+)$")
+PROBE_FIELD = re.compile(r"^fc_(acc|risk)_s([0-9.]+)$")
+ACTIVATION_NAMES = {"relu": "ReLU", "identity": "linear (identity)", "gelu": "GELU", "tanh": "tanh",
+                    "sigmoid": "sigmoid"}
+CHANCE_RISK = math.log(2)  # cross-entropy of a two-class guess
 
 
-def contamination_figures(name: str, label: str, records, diagnostics: dict[str, Any] | None, plt) -> list[FigureSpec]:
-    """FeatureContamination runs (records with `fc_*` fields): first-layer projections onto the core and
-    background subspaces over steps, probe accuracy per background shift over steps, and (with
-    diagnostics.json) each neuron's projections coloured by its class-activation asymmetry."""
+def network_name(hparams: dict[str, Any]) -> str:
+    """The network a FeatureContamination run trained: its TwoLayer activation ("ReLU", "linear
+    (identity)"), or the featurizer's name when it is not TwoLayer."""
+    featurizer = str(hparams.get("featurizer", "TwoLayer"))
+    if featurizer != "TwoLayer":
+        return f"{featurizer} featurizer"
+    activation = str(hparams.get("activation", "relu")).lower()
+    return f"{ACTIVATION_NAMES.get(activation, activation)} two-layer network"
+
+
+def _listed_shifts(data_source: str, key: str) -> list[float]:
+    """The shift strengths a FeatureContamination data_source lists under `key` ("shifts", "probes")."""
+    found = re.search(rf"\b{key}=([0-9.,]+)", data_source or "")
+    return [float(v) for v in found.group(1).split(",") if v] if found else []
+
+
+def _probe_size(dataset: str | None) -> int | None:
+    """Examples per probe set (the registered dataset's N_PROBE), None for an unknown dataset."""
+    from domaingen.datasets import DATASETS
+
+    return int(getattr(DATASETS.get(dataset), "N_PROBE", 0)) or None if dataset in DATASETS else None
+
+
+SELECTED_LINE = {"color": "black", "linestyle": "--", "linewidth": 1}  # the selected step on over-steps panels
+
+
+def _shifts_text(shifts: Sequence[float]) -> str:
+    return ", ".join(f"{s:g}" for s in shifts) or "none"
+
+
+def _over_steps_panels(axes: dict[str, Any], records, shifts: list[str], step: int, data: dict[str, Any]) -> None:
+    """Top row: the mean projections, then probe accuracy and risk per shift s, over steps; the selected step
+    as a dashed line, chance dotted; one legend of the shifts beside the risk panel."""
+    from matplotlib import colormaps
+    from matplotlib.lines import Line2D
+
+    ax = axes["projections"]
+    for key, color, text in (("fc_core_projection", "C0", "core: ‖W_j P_core‖"),
+                             ("fc_background_projection", "C3", "background: ‖W_j P_bg‖")):
+        xs, ys = _series(records, key)
+        ax.plot(xs, ys, marker=".", color=color, label=text)
+        data[key] = {"x": xs, "y": ys}
+    ax.set_ylim(0, 1.4 * np.nanmax([data["fc_core_projection"]["y"], data["fc_background_projection"]["y"]]))
+    ax.legend(fontsize=FONT - 1, loc="upper left")  # in the top quarter, which the ylim leaves empty
+    ax.set_ylabel("mean over neurons j", fontsize=FONT)
+    ax.set_title("first-layer weights W, projected", fontsize=FONT)
+    colors = {s: colormaps["viridis"](j / max(1, len(shifts) - 1)) for j, s in enumerate(shifts)}
+    for panel, what, chance, ylabel in (("accuracy", "acc", 0.5, "probe accuracy"),
+                                        ("risk", "risk", CHANCE_RISK, "probe risk (cross-entropy)")):
+        ax = axes[panel]
+        for shift in shifts:
+            xs, ys = _series(records, f"fc_{what}_s{shift}")
+            ax.plot(xs, ys, marker=".", color=colors[shift])
+            data[f"fc_{what}_s{shift}"] = {"x": xs, "y": ys}
+        ax.axhline(chance, color="grey", linestyle=":", linewidth=1.2)
+        ax.set_ylim(0, 1.02 if what == "acc" else None)
+        ax.set_ylabel(ylabel, fontsize=FONT)
+        ax.set_title(f"{panel} per background shift s", fontsize=FONT)
+    for key in ("projections", "accuracy", "risk"):
+        axes[key].axvline(step, **SELECTED_LINE)
+        axes[key].set_xlabel("step", fontsize=FONT)
+    handles = [Line2D([], [], color=colors[s], marker=".", label=f"s = {s}") for s in shifts]
+    handles += [Line2D([], [], color="grey", linestyle=":", label="chance\n(0.5; ln 2)"),
+                Line2D([], [], **SELECTED_LINE, label=f"selected\nstep {step}")]
+    axes["risk"].legend(handles=handles, fontsize=FONT - 1, loc="upper left", bbox_to_anchor=(1.02, 1.0),
+                        title="probe shift", title_fontsize=FONT - 1)
+
+
+def _dose_panel(ax, at: dict[str, Any], shifts: list[str], trained: list[float], held_out: list[float],
+                data: dict[str, Any]):
+    """Accuracy (left axis) and risk (right axis, returned) against the shift s at one checkpoint `at`;
+    the training and held-out environments' shifts as vertical lines; the legend below the axes."""
+    xs = [float(s) for s in shifts]
+    accuracy = [float(at.get(f"fc_acc_s{s}", math.nan)) for s in shifts]
+    risk = [float(at.get(f"fc_risk_s{s}", math.nan)) for s in shifts]
+    ax.plot(xs, accuracy, "o-", color="C0", label="accuracy (left)")
+    ax.axhline(0.5, color="C0", linestyle=":", linewidth=1.2, label="chance accuracy 0.5")
+    for marked, style, what in ((trained, {"color": "0.45", "linewidth": 1.5}, "training shifts"),
+                                (held_out, {"color": "C1", "linewidth": 2, "linestyle": "-."}, "held-out shift")):
+        for k, s in enumerate(marked):
+            ax.axvline(s, **style, label=f"{what} (s = {_shifts_text(marked)})" if k == 0 else None)
+    ax.set(ylim=(0, 1.02), xlim=(-0.03, 1.03), xticks=xs)
+    ax.set_xlabel("background shift s (background coefficients ~ U[-s, 1-s])", fontsize=FONT)
+    ax.set_ylabel("probe accuracy", fontsize=FONT)
+    ax.set_title(f"dose-response at the selected step {at['step']}", fontsize=FONT)
+    twin = ax.twinx()
+    twin.plot(xs, risk, "s--", color="C3", label="risk (right)")
+    twin.set_ylim(0, 1.1 * np.nanmax(risk, initial=CHANCE_RISK))
+    twin.set_ylabel("probe risk (cross-entropy)", fontsize=FONT, color="C3")
+    twin.tick_params(colors="C3")
+    ax.legend(handles=ax.get_legend_handles_labels()[0] + twin.get_legend_handles_labels()[0],
+              fontsize=FONT - 1, loc="upper center", bbox_to_anchor=(0.5, -0.18), ncol=3)
+    data["dose_response"] = {"step": at["step"], "s": xs, "accuracy": accuracy, "risk": risk,
+                             "training_shifts": trained, "held_out_shifts": held_out}
+    return twin
+
+
+def _neuron_panel(fig, ax, section: dict[str, Any], diagnostics: dict[str, Any], data: dict[str, Any]) -> str:
+    """Each neuron's ‖W_j P_core‖ against ‖W_j P_bg‖ (equal scales from 0), coloured by its class asymmetry,
+    never-positive neurons (NaN asymmetry) grey; returns the caption's sentences about it."""
+    core = np.array(section["core_projection_per_neuron"], dtype=float)
+    background = np.array(section["background_projection_per_neuron"], dtype=float)
+    values = section.get("asymmetry_per_neuron") or []
+    asym = np.array([math.nan if v is None else v for v in values], dtype=float)
+    dead = np.isnan(asym)
+    end = 1.08 * max(core.max(initial=0), background.max(initial=0)) or 1.0
+    ax.plot([0, end], [0, end], color="grey", linestyle=":", linewidth=1, label="equal norms")
+    if len(values):
+        points = ax.scatter(core[~dead], background[~dead], c=asym[~dead], s=10, cmap="plasma", vmin=0.5, vmax=1.0)
+        ax.scatter(core[dead], background[dead], s=10, color="0.55", label=f"never positive ({int(dead.sum())})")
+        bar = fig.colorbar(points, cax=ax.inset_axes([1.04, 0.0, 0.05, 1.0]))  # beside the square axes
+        bar.set_label("class asymmetry", fontsize=FONT)
+        bar.ax.tick_params(labelsize=FONT)
+    else:
+        ax.scatter(core, background, s=10, color="C0")
+    ax.set(xlim=(0, end), ylim=(0, end), aspect="equal")
+    ax.legend(fontsize=FONT - 1, loc="upper left")
+    ax.set_xlabel("‖W_j P_core‖", fontsize=FONT)
+    ax.set_ylabel("‖W_j P_bg‖", fontsize=FONT)
+    ax.set_title(f"each neuron j (diagnose, step {diagnostics.get('step')})", fontsize=FONT)
+    data["per_neuron"] = {"core": core.tolist(), "background": background.tolist(), "asymmetry": asym.tolist(),
+                          "never_positive": int(dead.sum()) if len(values) else None}
+    envs = [e for e in diagnostics.get("environments", []) if e.get("role") == "train"]
+    examples = ", ".join(f"{e['name']}: {e['examples']}" for e in envs)
+    return (f" Bottom right (domaingen diagnose, {diagnostics.get('checkpoint')} checkpoint, step "
+            f"{diagnostics.get('step')}): each neuron j's two projections (its weights W_j; on the dotted diagonal "
+            "they are equal), coloured by its class asymmetry, the share of its positive pre-activation "
+            "Σ_i max(h_j(x_i), 0) that comes from its dominant class (0.5: both classes alike, 1: one class only)"
+            + (f", over the training environments' held-out (out) examples ({examples})" if examples else "")
+            + (f"; {int(dead.sum())} of {len(core)} neurons are never positive on them (grey: no asymmetry)."
+               if len(values) else "; no asymmetry was recorded."))
+
+
+def contamination_figures(name: str, label: str, records, diagnostics: dict[str, Any] | None, plt,
+                          step: int | None = None, test_envs: Sequence[int] = ()) -> list[FigureSpec]:
+    """FeatureContamination runs (records with `fc_*` fields), one figure of five panels. Over steps, with
+    the selected step marked: the first-layer weights' projections onto the core and background subspaces,
+    and accuracy and risk on every background-shift probe. At the selected step (the last record's when
+    `step` has none): accuracy and risk against the shift s (the dose-response), training and held-out
+    shifts marked. With diagnostics.json: each neuron's two projections coloured by its class-activation
+    asymmetry (never-positive neurons grey)."""
     if not any("fc_background_projection" in r for r in records):
         return []
     section = ((diagnostics or {}).get("sections", {}).get("feature_contamination", {}) or {}).get("first_layer")
-    panels = 3 if section and section.get("asymmetry_per_neuron") else 2
-    fig, axes = plt.subplots(1, panels, figsize=(3.6 * panels, 3.0), dpi=DPI, squeeze=False)
-    data: dict[str, Any] = {}
-    ax = axes[0, 0]
-    for key, color in (("fc_core_projection", "C0"), ("fc_background_projection", "C3")):
-        xs, ys = _series(records, key)
-        ax.plot(xs, ys, marker=".", color=color, label=key.removeprefix("fc_").replace("_", " "))
-        data[key] = {"x": xs, "y": ys}
-    ax.set_xlabel("step", fontsize=8)
-    ax.set_ylabel("mean projection norm per neuron", fontsize=8)
-    ax.set_title("first-layer weights", fontsize=8)
-    ax.legend(fontsize=7)
-    ax = axes[0, 1]
-    shifts = sorted({m.group(1) for r in records for k in r if (m := PROBE_ACC.match(k))}, key=float)
-    from matplotlib import colormaps
+    first = records[0]
+    network = network_name(first.get("hparams") or {})
+    at = next((r for r in records if r["step"] == step), records[-1])
+    step = at["step"]
+    shifts = sorted({m.group(2) for r in records for k in r if (m := PROBE_FIELD.match(k))}, key=float)
+    train = _listed_shifts(first.get("data_source", ""), "shifts")
+    held_out = [s for i, s in enumerate(train) if i in test_envs]
+    trained = [s for s in train if s not in held_out]
 
-    for j, shift in enumerate(shifts):
-        xs, ys = _series(records, f"fc_acc_s{shift}")
-        color = colormaps["viridis"](j / max(1, len(shifts) - 1))
-        ax.plot(xs, ys, marker=".", color=color, label=f"s={shift}")
-        data[f"fc_acc_s{shift}"] = {"x": xs, "y": ys}
-    ax.set_xlabel("step", fontsize=8)
-    ax.set_ylabel("probe accuracy", fontsize=8)
-    ax.set_ylim(0.3, 1.02)
-    ax.set_title("accuracy per background shift s", fontsize=8)
-    ax.legend(fontsize=6, ncol=2)
-    if panels == 3:
-        ax = axes[0, 2]
-        core = np.array(section["core_projection_per_neuron"], dtype=float)
-        background = np.array(section["background_projection_per_neuron"], dtype=float)
-        asym = np.array([np.nan if v is None else v for v in section["asymmetry_per_neuron"]], dtype=float)
-        points = ax.scatter(core, background, c=asym, s=8, cmap="coolwarm", vmin=0.5, vmax=1.0)
-        fig.colorbar(points, ax=ax, label="asymmetry")
-        ax.set_xlabel("core projection", fontsize=8)
-        ax.set_ylabel("background projection", fontsize=8)
-        ax.set_title(f"neurons (step {diagnostics.get('step')})", fontsize=8)
-        data["per_neuron"] = {"core": core.tolist(), "background": background.tolist(), "asymmetry": asym.tolist()}
-    for ax in axes.flat:
-        ax.tick_params(labelsize=7)
-    fig.suptitle(f"{label}: feature contamination", fontsize=9)
-    fig.subplots_adjust(left=0.08, right=0.97, bottom=0.16, top=0.82, wspace=0.4)
-    caption = (f"{label}: mean norm of the first-layer weights' projections onto the core and background subspaces, "
-               "and accuracy on probes whose background is shifted by s (s=0: in distribution), over steps"
-               + ("; right: per neuron, coloured by the share of its positive pre-activation from its dominant "
-                  "class (diagnostics.json)." if panels == 3 else "."))
-    return [FigureSpec(f"{name}_contamination.png", caption, fig, data)]
+    fig, axes = plt.mosaic([["projections", "accuracy", "risk"], ["dose", "dose", "neurons" if section else "."]],
+                           figsize=(PAGE_WIDTH, 7.4), dpi=DPI, height_ratios=[1, 1.15])
+    data: dict[str, Any] = {}
+    _over_steps_panels(axes, records, shifts, step, data)
+    twin = _dose_panel(axes["dose"], at, shifts, trained, held_out, data)
+    about_neurons = _neuron_panel(fig, axes["neurons"], section, diagnostics, data) if section else (
+        " Run domaingen diagnose on the run to add each neuron's projections.")
+    if section and diagnostics.get("step") != step:
+        about_neurons += f" These neurons are at step {diagnostics.get('step')}, not at the selected step {step}."
+    for ax in [*axes.values(), twin]:
+        ax.tick_params(labelsize=FONT)
+    title = f"{label}: feature contamination, {network}" + (" (selected step 0: untrained)" if step == 0 else "")
+    fig.suptitle(_wrap(title, PAGE_WIDTH, FONT + 1), fontsize=FONT + 1, color="C3" if step == 0 else "black")
+
+    n_probe = _probe_size(first.get("dataset") or (first.get("args") or {}).get("dataset"))
+    caption = (f"{label}: feature contamination in the {network}. "
+               + ("Warning: the selected step is 0, the network after its first update: validation found no "
+                  "better checkpoint, so these panels describe an untrained network. " if step == 0 else "")
+               + "Top, over steps: the mean over neurons j of ‖W_j P_core‖ and ‖W_j P_bg‖, the norms of neuron "
+               "j's first-layer weights W_j projected (P_core, P_bg) onto the core subspace (which carries the "
+               "label) and onto the background subspace (independent of the label); accuracy and risk "
+               f"(cross-entropy) on probe sets of {n_probe or 'fixed'} examples each, with fresh core coefficients "
+               "and background coefficients ~ U[-s, 1-s] (s = 0: the training distribution U[0, 1]; s = 1: "
+               "U[-1, 0]); chance: accuracy 0.5, risk ln 2. The dashed line marks the selected checkpoint, step "
+               f"{step}. Bottom left: accuracy and risk against s at step {step} (the dose-response); grey lines "
+               f"mark the training environments' shifts ({_shifts_text(trained)}), the orange one the held-out "
+               f"environment's ({_shifts_text(held_out)}).")
+    return [FigureSpec(f"{name}_contamination.png", caption + about_neurons, fig, data)]
 
 
 def _share(fraction: float) -> str:
@@ -504,12 +683,14 @@ def mask_matrices(run_dir: Path, diagnostics: dict[str, Any] | None) -> dict[str
     return {k: torch.sigmoid(v.float()).tolist() for k, v in state.items() if "masks.logits" in k and v.dim() == 2}
 
 
-def run_figures(run_dir: Path, label: str, test_envs: Sequence[int], step: int | None, plt) -> list[FigureSpec]:
-    """The figures of one selected run."""
+def run_figures(run_dir: Path, label: str, test_envs: Sequence[int], step: int | None, plt,
+                name: str | None = None) -> list[FigureSpec]:
+    """The figures of one selected run (file names start with `name`, default: from `label`); every
+    caption ends with the run directory and the selected step."""
     records = run_records(run_dir)
     if not records:
         return []
-    name = re.sub(r"\W+", "_", label)
+    name = name or re.sub(r"\W+", "_", label)
     figures = [accuracy_curves(name, label, records, test_envs, step, plt)]
     keys = _numeric_keys(records)
     losses = [k for k in keys if LOSS.search(k) and not ACC.match(k) and not k.startswith("fc_")]
@@ -529,11 +710,13 @@ def run_figures(run_dir: Path, label: str, test_envs: Sequence[int], step: int |
         figures.append(mask_heatmaps(name, label, matrices, plt))
     if diagnostics and diagnostics.get("layers"):
         figures.append(selectivity_histograms(name, label, diagnostics, plt))
-    figures += contamination_figures(name, label, records, diagnostics, plt)
+    figures += contamination_figures(name, label, records, diagnostics, plt, step, test_envs)
     figures += domain_mask_figures(name, label, diagnostics, plt)
     if diagnostics and isinstance(diagnostics.get(MASKS_X_DOMAINS), dict):
         algorithm = (records[0].get("args") or {}).get("algorithm") or diagnostics.get("algorithm", "")
         figures.append(masks_x_domains_heatmap(name, label, diagnostics[MASKS_X_DOMAINS], plt, algorithm))
+    for spec in figures:
+        spec.caption += f" Run {run_dir.name}, selected step {step}."
     return figures
 
 
@@ -638,17 +821,28 @@ def build_report(sweep_dir: str | Path, output_dir: str | Path, selection: str =
     bar_figures = [accuracy_bars(t, plt) for t in test_tables]
     figures += bar_figures
     parts += _write_figures(bar_figures, output, plt) if not keep_figures else [_figure_html(f, _png(f)) for f in bar_figures]
-    chosen = selected_runs(records, selection)
-    parts.append(f"<h2>Selected runs ({html.escape(METHOD_TITLES[selection])}; first trial of each cell)</h2>")
-    jobs = [(str(root / row.run if (root / row.run).is_dir() else root), f"{row.dataset} {row.algorithm} test env {row.test_env}",
-             [int(row.test_env)], int(row.step)) for row in chosen.itertuples()]
+    run_dirs = {run: root / run if (root / run).is_dir() else root for run in records["run"].unique()}
+    overrides = {run: json.dumps(run_overrides(path), sort_keys=True) for run, path in run_dirs.items()}
+    chosen = selected_runs(records, selection, overrides)
+    parts.append(f"<h2>Selected runs ({html.escape(METHOD_TITLES[selection])}; first trial of each cell "
+                 "and each set of --hparams overrides)</h2>")
+    cells = ["dataset", "algorithm", "test_env"]
+    variants = chosen.groupby(cells)["overrides"].transform("nunique") if len(chosen) else []
+    if any(n > 1 for n in variants):
+        parts.append("<p>Some cells hold runs that differ only in their --hparams overrides (labelled in brackets). "
+                     "The tables above treat them as competing hyperparameter draws and report the one that "
+                     "validation selects; this section shows the selected run of each set of overrides.</p>")
+    jobs = [_run_job(row, run_dirs[row.run], n > 1) for row, n in zip(chosen.itertuples(), variants)]
     if keep_figures:
-        rendered = [[(f, _png(f)) for f in run_figures(Path(d), label, envs, step, plt)] for d, label, envs, step in jobs]
+        rendered = [[(f, _png(f)) for f in run_figures(Path(d), label, envs, step, plt, name)]
+                    for d, name, label, envs, step in jobs]
     else:
         rendered = _render_in_parallel(jobs, workers)
-    for row, (_, label, _, _), specs in zip(chosen.itertuples(), jobs, rendered):
+    for row, (_, _, label, _, _), specs in zip(chosen.itertuples(), jobs, rendered):
+        text = overrides_text(row.overrides)
         parts.append(f"<h3>{html.escape(label)}</h3><p>run <code>{html.escape(str(row.run))}</code>, hparams_seed "
-                     f"{row.hparams_seed}, trial_seed {row.trial_seed}, selected step {row.step}</p>")
+                     f"{row.hparams_seed}, trial_seed {row.trial_seed}, selected step {row.step}"
+                     f"{', --hparams ' + html.escape(text) if text else ''}</p>")
         for spec, png in specs:
             if not keep_figures:
                 (output / spec.name).write_bytes(png)
@@ -659,12 +853,23 @@ def build_report(sweep_dir: str | Path, output_dir: str | Path, selection: str =
     return Report(page, figures, message)
 
 
-def _render_run(job: tuple[str, str, list[int], int]) -> list[tuple[FigureSpec, bytes]]:
+Job = tuple[str, str, str, list[int], int]  # run directory, figure name stem, label, test envs, selected step
+
+
+def _run_job(row: Any, run_dir: Path, several: bool) -> Job:
+    """The figures' job of one row of `selected_runs`; `several`: its cell has runs with other overrides."""
+    cell = f"{row.dataset} {row.algorithm} test env {row.test_env}"
+    text = overrides_text(row.overrides)
+    label = f"{cell} ({text})" if text else f"{cell} (no --hparams overrides)" if several else cell
+    return str(run_dir), re.sub(r"\W+", "_", f"{cell} {text}").strip("_"), label, [int(row.test_env)], int(row.step)
+
+
+def _render_run(job: Job) -> list[tuple[FigureSpec, bytes]]:
     """One selected run's figures as (spec without its matplotlib figure, PNG bytes): picklable, for a worker process."""
-    run_dir, label, test_envs, step = job
+    run_dir, name, label, test_envs, step = job
     plt = _pyplot()
     out = []
-    for spec in run_figures(Path(run_dir), label, test_envs, step, plt):
+    for spec in run_figures(Path(run_dir), label, test_envs, step, plt, name):
         png = _png(spec)
         plt.close(spec.figure)
         out.append((FigureSpec(spec.name, spec.caption, None, spec.data), png))
