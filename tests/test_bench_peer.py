@@ -94,3 +94,20 @@ def test_stacked_step_equals_each_model_s_own_adam_step():
     assert list(step.params) == list(expected)
     for name, want in expected.items():
         assert (step.params[name] - want).abs().max() < 1e-5, name
+
+
+def test_a_peer_whose_train_py_fails_is_one_line_exit_2(tmp_path, capsys):
+    """DomainBed's own imports failing (BackPACK or wilds missing) ends the benchmark in one line that names
+    the error and what to install, not a traceback pointing at a log the temporary directory took with it."""
+    from domaingen.bench.benchmarks import main as bench_main
+
+    scripts = tmp_path / "DomainBed" / "domainbed" / "scripts"
+    scripts.mkdir(parents=True)
+    (scripts / "__init__.py").write_text("")
+    (scripts.parent / "__init__.py").write_text("")
+    (scripts / "train.py").write_text("import a_module_nobody_has\n")
+    code = bench_main(["--only", "peer", "--peer", str(tmp_path / "DomainBed"), "--data_dir", str(tmp_path)])
+    err = capsys.readouterr().err
+    assert code == 2 and len(err.strip().splitlines()) == 1
+    assert "domainbed.scripts.train failed: ModuleNotFoundError: No module named 'a_module_nobody_has'" in err
+    assert "must import in this Python" in err and "log:" not in err

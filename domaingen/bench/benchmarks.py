@@ -702,11 +702,11 @@ def main(argv: list[str] | None = None) -> int:
 
         try:
             check_peer(ns.peer)
+            rows = peer_rows(ns.peer, data_dir, ns.peer_steps, ns.peer_freq, shlex.split(ns.peer_args))
         except DomaingenError as exc:
             print(f"domaingen.bench: {exc}", file=sys.stderr)
             return 2
-        print(tabulate(peer_rows(ns.peer, data_dir, ns.peer_steps, ns.peer_freq, shlex.split(ns.peer_args)),
-                       headers=["measure", "value"]))
+        print(tabulate(rows, headers=["measure", "value"]))
         return 0
     print(f"device {resolve_device('auto')}, {torch.get_num_threads()} torch threads, torch {torch.__version__}")
     counters_at_start = cpu_time_counters()

@@ -138,7 +138,13 @@ def peer_rows(peer: str | None, data_dir: str, steps: int = 101, freq: int = 50,
                     command, cwd, run_env = domainbed_command(root, data_dir, out, steps, run_freq), root, env
                 else:
                     command, cwd, run_env = domaingen_command(data_dir, out, steps, run_freq, extra), Path(tmp), None
-                wall, cpu, rss = timed_child(command, run_env or dict(os.environ), cwd, Path(tmp) / f"{tool}-{label}.log")
+                try:
+                    wall, cpu, rss = timed_child(command, run_env or dict(os.environ), cwd,
+                                                 Path(tmp) / f"{tool}-{label}.log")
+                except RuntimeError as exc:  # its log goes with the temporary directory: say what it ended on
+                    hint = (" (DomainBed's dependencies, BackPACK and wilds among them, must import in this Python "
+                            "or from PYTHONPATH)" if tool == "DomainBed" else "")
+                    raise DomaingenError(f"{exc}{hint}".replace(f" (log: {Path(tmp) / f'{tool}-{label}.log'})", "")) from None
                 records = _records(out / "results.jsonl")
                 timings[(tool, label)] = Timing(wall, cpu, rss, _mean_step(records), len(records))
     rows = header_rows()
