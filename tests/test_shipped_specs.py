@@ -1,0 +1,28 @@
+"""Every spec shipped in sweeps/ loads and expands to jobs, so a typo in one is caught before a user launches it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from domaingen.sweep.spec import build_jobs, load_spec
+
+SPECS = sorted((Path(__file__).resolve().parents[1] / "sweeps").glob("*.toml"))
+
+
+@pytest.mark.parametrize("path", SPECS, ids=lambda p: p.name)
+def test_each_shipped_spec_builds_its_jobs(path):
+    jobs = build_jobs(load_spec(path))
+    assert jobs and len({job.job_id for job in jobs}) == len(jobs)
+
+
+def test_dmg_rmnist_parts_hold_its_networks_and_in_domain_test():
+    jobs = build_jobs(load_spec(SPECS[0].parent / "dmg_rmnist.toml"))
+    assert {job.args["algorithm"] for job in jobs} == {"ERM", "MultiHead", "DMG"}
+    by_network = {}
+    for job in jobs:
+        by_network.setdefault(job.args["hparams"]["featurizer"], set()).add(job.args["steps"])
+        assert job.args["in_domain_test"] == 0.1 and job.args["test_envs"] == [0]
+    assert by_network == {"MNIST_CNN": {1001}, "MLP": {3001}}
+    assert len(jobs) == 2 * 3 * 3  # two parts x three algorithms x three trials
