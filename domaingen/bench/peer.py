@@ -91,7 +91,8 @@ def timed_child(command: Sequence[str], env: dict[str, str], cwd: Path, log_path
     wall = time.perf_counter() - started
     if os.waitstatus_to_exitcode(status) != 0:
         tail = log_path.read_text().strip().splitlines()[-1:] or ["no output"]
-        raise RuntimeError(f"{command[2] if len(command) > 2 else command[0]} failed: {tail[0]} (log: {log_path})")
+        # the message carries the log's last line: the log itself goes with the caller's temporary directory
+        raise RuntimeError(f"{command[2] if len(command) > 2 else command[0]} failed: {tail[0]}")
     peak_gb = (peak or usage.ru_maxrss) / 2**20
     return wall, usage.ru_utime + usage.ru_stime, peak_gb
 
@@ -141,10 +142,10 @@ def peer_rows(peer: str | None, data_dir: str, steps: int = 101, freq: int = 50,
                 try:
                     wall, cpu, rss = timed_child(command, run_env or dict(os.environ), cwd,
                                                  Path(tmp) / f"{tool}-{label}.log")
-                except RuntimeError as exc:  # its log goes with the temporary directory: say what it ended on
+                except RuntimeError as exc:
                     hint = (" (DomainBed's dependencies, BackPACK and wilds among them, must import in this Python "
                             "or from PYTHONPATH)" if tool == "DomainBed" else "")
-                    raise DomaingenError(f"{exc}{hint}".replace(f" (log: {Path(tmp) / f'{tool}-{label}.log'})", "")) from None
+                    raise DomaingenError(f"{exc}{hint}") from None
                 records = _records(out / "results.jsonl")
                 timings[(tool, label)] = Timing(wall, cpu, rss, _mean_step(records), len(records))
     rows = header_rows()
