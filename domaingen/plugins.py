@@ -159,10 +159,19 @@ def load_plugin(spec: str) -> str:
 
 
 def _entry_points() -> list[metadata.EntryPoint]:
-    seen: dict[str, metadata.EntryPoint] = {}
-    for ep in metadata.entry_points(group=ENTRY_POINT_GROUP):
-        seen.setdefault(ep.value, ep)  # an editable install may list one entry point twice
-    return list(seen.values())
+    # Reading every installed distribution's metadata takes ~20 ms, and a sweep's worker asks
+    # twice per job: the answer is kept while sys.path (where distributions are found) is the same.
+    key = tuple(sys.path)
+    if key not in _ENTRY_POINTS:
+        seen: dict[str, metadata.EntryPoint] = {}
+        for ep in metadata.entry_points(group=ENTRY_POINT_GROUP):
+            seen.setdefault(ep.value, ep)  # an editable install may list one entry point twice
+        _ENTRY_POINTS.clear()
+        _ENTRY_POINTS[key] = list(seen.values())
+    return _ENTRY_POINTS[key]
+
+
+_ENTRY_POINTS: dict[tuple[str, ...], list[metadata.EntryPoint]] = {}
 
 
 def load_entry_points() -> list[str]:
