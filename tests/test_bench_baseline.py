@@ -62,11 +62,13 @@ def test_jobs_comparison_alternates_the_trees_and_reports_the_medians(monkeypatc
         kind = "old" if Path(tree).name == "baseline" else "new"
         calls.append(kind)
         wall = next(walls[kind])
+        write_run(Path(out) / "run", [(0, 0.5, 0.25), (40, 0.1, 0.75)], final_seconds=0.5)
         return wall, 2 * wall
 
     monkeypatch.setattr(bb, "baseline_commit", lambda repo, rev: "abcdef1234")
     monkeypatch.setattr(bb, "export_tree", lambda repo, commit, into: into)
     monkeypatch.setattr(bb, "sweep_seconds", fake_sweep)
+    monkeypatch.setattr(bb, "startup_seconds", lambda tree: 3.0)
     rows = bb.jobs_rows(tmp_path, "data", n_jobs=6, baseline="main", here=tmp_path / "tree", repeats=3)
     assert calls == ["old", "new"] * 3
     # medians 25 / 38 s; CPU time 50 / 76 s
@@ -74,3 +76,37 @@ def test_jobs_comparison_alternates_the_trees_and_reports_the_medians(monkeypatc
     assert rows[1][1] == f"{6 * 3600 / 25:.0f} / {6 * 3600 / 38:.0f}"
     assert rows[2][1] == "25.0/40.0, 27.0/36.0, 24.0/38.0"
     assert "medians of 3" in rows[0][0]
+    # the last sweep of this tree (24 s): steps 0.5 + 40 x 0.1, evaluations 1.0, final 0.5, start-up 3
+    breakdown = {name.strip(): value for name, value in rows[4:]}
+    assert rows[3][0] == "  where this tree's last sweep went (24.0 s)"
+    assert breakdown["training steps (the records' step_time)"] == f"4.5 s ({4.5 / 24:.0%})"
+    assert breakdown["checkpoint evaluations (the records' eval_time)"] == f"1.0 s ({1 / 24:.0%})"
+    assert breakdown["final evaluations of the selected checkpoints (final.json)"] == f"0.5 s ({0.5 / 24:.0%})"
+    assert breakdown["process start-up: imports, parser, torch._dynamo (timed apart)"] == f"3.0 s ({3 / 24:.0%})"
+    rest = 24 - 4.5 - 1.0 - 0.5 - 3.0
+    assert list(breakdown.values())[-1] == f"{rest:.1f} s ({rest / 24:.0%})"
+
+
+def write_run(run: Path, checkpoints, final_seconds=None) -> None:
+    """A run directory whose records hold (step, mean step_time, eval_time) per checkpoint."""
+    import json
+
+    run.mkdir(parents=True, exist_ok=True)
+    run.joinpath("results.jsonl").write_text("".join(
+        json.dumps({"step": step, "step_time": step_time, "eval_time": eval_time}) + "\n"
+        for step, step_time, eval_time in checkpoints))
+    if final_seconds is not None:
+        run.joinpath("final.json").write_text(json.dumps({"seconds": final_seconds}))
+
+
+def test_recorded_seconds_weigh_each_mean_step_time_by_the_steps_it_covers(tmp_path):
+    from domaingen.bench.baseline import recorded_seconds
+
+    # checkpoints at 0 (one step), 50 (50 steps at 0.2 s), 100 (50 at 0.4 s); a run from before eval_time
+    write_run(tmp_path / "a", [(0, 1.0, 2.0), (50, 0.2, 3.0), (100, 0.4, 4.0)], final_seconds=1.5)
+    (tmp_path / "b").mkdir()
+    (tmp_path / "b" / "results.jsonl").write_text('{"step": 0, "step_time": 0.5}\n{"step": 9, "step_time": 0.1}\n')
+    totals = recorded_seconds(tmp_path)
+    assert totals["steps"] == pytest.approx(1.0 + 50 * 0.2 + 50 * 0.4 + 0.5 + 9 * 0.1)
+    assert totals["evaluations"] == pytest.approx(9.0)
+    assert totals["final"] == pytest.approx(1.5)

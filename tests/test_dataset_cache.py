@@ -20,7 +20,7 @@ from domaingen.sweep.workers import chunks, run_job_chunk
 from domaingen.run.rundir import RunDirectory
 from domaingen.run.training import TrainConfig, train
 
-VOLATILE = {"step_time", "mem_gb", "args"}
+VOLATILE = {"step_time", "eval_time", "mem_gb", "args"}
 
 
 class Blocks(MultiDomainDataset):

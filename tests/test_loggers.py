@@ -18,7 +18,7 @@ from domaingen.run.loggers import scalars
 from domaingen.run.rundir import RunDirectory
 from domaingen.run.training import TrainConfig, train
 
-VOLATILE = {"step_time", "mem_gb"}
+VOLATILE = {"step_time", "eval_time", "mem_gb"}
 
 
 def config(out, **kw) -> TrainConfig:
@@ -47,11 +47,11 @@ def plain(tmp_path_factory) -> list[dict]:
 
 def test_scalars_are_grouped_by_what_they_are():
     record = {"step": 4, "epoch": 0.5, "loss": 0.7, "nll": 0.6, "env0_in_acc": 0.9, "env1_out_acc_kd": 0.8,
-              "wilds_test_acc_avg": 0.7, "step_time": 0.01, "mem_gb": 1.5, "modreg_fc1_kept_fraction": 0.4,
+              "wilds_test_acc_avg": 0.7, "step_time": 0.01, "eval_time": 0.2, "mem_gb": 1.5, "modreg_fc1_kept_fraction": 0.4,
               "evaluated": ["env0_in"], "args": {}, "flag": True, "nan": float("nan")}
     assert scalars(record, ["loss", "nll"]) == {
         "loss/loss": 0.7, "loss/nll": 0.6, "accuracy/env0_in_acc": 0.9, "accuracy/env1_out_acc_kd": 0.8,
-        "accuracy/wilds_test_acc_avg": 0.7, "system/epoch": 0.5, "system/step_time": 0.01, "system/mem_gb": 1.5,
+        "accuracy/wilds_test_acc_avg": 0.7, "system/epoch": 0.5, "system/step_time": 0.01, "system/eval_time": 0.2, "system/mem_gb": 1.5,
         "diagnostics/modreg_fc1_kept_fraction": 0.4}
 
 

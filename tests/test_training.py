@@ -15,7 +15,7 @@ from domaingen.datasets import DATASETS, split_environments
 from domaingen.run.rundir import RunDirectory
 from domaingen.run.training import DivergedError, TrainConfig, resolve, train
 
-VOLATILE = {"step_time", "mem_gb", "args"}
+VOLATILE = {"step_time", "eval_time", "mem_gb", "args"}
 
 
 def config(out, **kw) -> TrainConfig:
@@ -42,7 +42,7 @@ def test_records_follow_the_protocol(tmp_path):
     records = RunDirectory(tmp_path / "run").records()
     assert outcome.state == "done"
     assert [r["step"] for r in records] == [0, 3, 6, 8]
-    expected_keys = {"step", "epoch", "loss", "nll", "penalty", "step_time", "mem_gb", "hparams", "args", "data_source",
+    expected_keys = {"step", "epoch", "loss", "nll", "penalty", "step_time", "eval_time", "mem_gb", "hparams", "args", "data_source",
                      "evaluated"}
     expected_keys |= {f"env{i}_{s}_acc" for i in range(3) for s in ("in", "out")}
     assert set(records[-1]) == expected_keys

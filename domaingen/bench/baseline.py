@@ -249,11 +249,52 @@ def sweep_seconds(tree: Path, spec: Path, out: Path, data_dir: str) -> tuple[flo
     return time.perf_counter() - start, _children_cpu() - cpu_start
 
 
+def recorded_seconds(sweep_dir: Path) -> dict[str, float]:
+    """What the runs under `sweep_dir` recorded of their own time: 'steps' (each record's mean
+    step_time times the steps it covers), 'evaluations' (eval_time) and 'final' (final.json's seconds)."""
+    totals = {"steps": 0.0, "evaluations": 0.0, "final": 0.0}
+    for results in sorted(sweep_dir.glob("*/results.jsonl")):
+        previous = -1
+        for line in results.read_text().splitlines():
+            record = json.loads(line)
+            totals["steps"] += float(record.get("step_time") or 0.0) * (record["step"] - previous)
+            totals["evaluations"] += float(record.get("eval_time") or 0.0)
+            previous = record["step"]
+        final = results.parent / "final.json"
+        if final.exists():
+            totals["final"] += float(json.loads(final.read_text()).get("seconds") or 0.0)
+    return totals
+
+
+STARTUP_PROBE = "from domaingen.cli.main import build_parser; build_parser(); import torch._dynamo"
+
+
+def startup_seconds(tree: Path) -> float:
+    """Wall time of a child process that imports domaingen's CLI, builds its parser and imports
+    torch._dynamo (which torch's first optimizer imports): what a sweep process pays once."""
+    start = time.perf_counter()
+    subprocess.run([sys.executable, "-c", STARTUP_PROBE], env=_env(tree), cwd=tree, check=True, capture_output=True)
+    return time.perf_counter() - start
+
+
+def breakdown_rows(wall: float, recorded: dict[str, float], startup: float) -> list[list]:
+    """Where a sweep's `wall` seconds went: the runs' recorded steps and evaluations, the process
+    start-up, and the rest (per-job set-up and writes), each with its share."""
+    rest = wall - sum(recorded.values()) - startup
+    parts = [("training steps (the records' step_time)", recorded["steps"]),
+             ("checkpoint evaluations (the records' eval_time)", recorded["evaluations"]),
+             ("final evaluations of the selected checkpoints (final.json)", recorded["final"]),
+             ("process start-up: imports, parser, torch._dynamo (timed apart)", startup),
+             ("the rest: per-job set-up (dataset from the cache, model, optimizer, manifest), writes", rest)]
+    return [[f"    {name}", f"{seconds:.1f} s ({seconds / wall:.0%})"] for name, seconds in parts]
+
+
 def jobs_rows(repo: Path, data_dir: str, n_jobs: int = 24, steps: int = 41, baseline: str = "main",
               here: Path | None = None, repeats: int = 1) -> list[list]:
     """Jobs per hour of a sweep of `n_jobs` ColoredMNIST MLP jobs (ERM at its default hyperparameters, every
     single test environment, n_jobs / 3 trials, `steps` steps, --launcher local), this tree against the
-    baseline, alternating baseline and tree `repeats` times in one run; the ratio is of the medians."""
+    baseline, alternating baseline and tree `repeats` times in one run; the ratio is of the medians.
+    Then where this tree's last sweep spent its time (`breakdown_rows`)."""
     commit = baseline_commit(repo, baseline)
     here = here or Path(__file__).resolve().parents[2]
     n_trials = max(1, n_jobs // 3)
@@ -267,6 +308,8 @@ def jobs_rows(repo: Path, data_dir: str, n_jobs: int = 24, steps: int = 41, base
                 wall, cpu = sweep_seconds(tree, spec, Path(tmp) / f"{name}{i}", data_dir)
                 walls.append(wall)
                 cpus.append(cpu)
+        recorded = recorded_seconds(Path(tmp) / f"new{repeats - 1}")
+        startup = startup_seconds(here)
     n = 3 * n_trials
     median = statistics.median
     rows = [[f"{n} ColoredMNIST MLP jobs of {steps} steps, --launcher local: this tree / baseline {commit[:7]}"
@@ -277,7 +320,8 @@ def jobs_rows(repo: Path, data_dir: str, n_jobs: int = 24, steps: int = 41, base
     if repeats > 1:
         rows.append(["  every repeat, this tree / baseline (s)",
                      ", ".join(f"{a:.1f}/{b:.1f}" for a, b in zip(new, old))])
-    return rows
+    rows.append([f"  where this tree's last sweep went ({new[-1]:.1f} s)", ""])
+    return rows + breakdown_rows(new[-1], recorded, startup)
 
 
 def load_line() -> str:
@@ -316,14 +360,17 @@ def repo_root(start: Path | None = None) -> Path:
     return Path(git(start or Path(__file__).resolve().parent, "rev-parse", "--show-toplevel"))
 
 
-def main_rows(section: str, data_dir: str, steps: int, baseline: str, n_jobs: int, repeats: int = 1) -> list[list]:
-    """The rows of `--only fullrun` or `--only jobs` (`repeats`: alternating sweeps of each, jobs only)."""
+def main_rows(section: str, data_dir: str, steps: int, baseline: str, n_jobs: int, repeats: int = 1,
+              job_steps: Sequence[int] = (41,)) -> list[list]:
+    """The rows of `--only fullrun` or `--only jobs` (`repeats`: alternating sweeps of each, and
+    `job_steps`: the steps of each job, a comparison per value; jobs only)."""
     repo = repo_root()
     rows = header_rows()
     if section == "fullrun":
         rows += fullrun_rows(repo, data_dir, steps, baseline)
     else:
-        rows += jobs_rows(repo, data_dir, n_jobs, baseline=baseline, repeats=repeats)
+        for n_steps in job_steps:
+            rows += jobs_rows(repo, data_dir, n_jobs, n_steps, baseline=baseline, repeats=repeats)
     rows.append(["load averages at the end (1, 5, 15 min)", load_line()])
     return rows
 

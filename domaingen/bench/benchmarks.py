@@ -678,6 +678,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="fullrun, jobs: the commit to compare with, as given (default: main, or where main "
                              "already has --eval_splits, the commit before it was added)")
     parser.add_argument("--jobs", type=int, default=24, help="jobs: how many short MLP jobs the compared sweeps run")
+    parser.add_argument("--job_steps", type=int, nargs="+", default=[41],
+                        help="jobs: the steps of each short job (several: a comparison for each)")
     parser.add_argument("--repeats", type=int, default=1,
                         help="jobs: sweeps of each tree, alternating; the ratio is of the medians")
     parser.add_argument("--overhead", nargs="+", default=["ERM+ModReg"],
@@ -724,7 +726,7 @@ def main(argv: list[str] | None = None) -> int:
     if ns.only in (None, "jobs"):
         from domaingen.bench.baseline import main_rows
 
-        rows += main_rows("jobs", data_dir, ns.steps, ns.baseline, ns.jobs, ns.repeats)
+        rows += main_rows("jobs", data_dir, ns.steps, ns.baseline, ns.jobs, ns.repeats, ns.job_steps)
     if ns.only in (None, "overhead"):
         names = overhead_algorithms(ns.overhead)
         if len(names) > 1:

@@ -158,7 +158,7 @@ def _numeric_keys(records: Sequence[dict[str, Any]]) -> list[str]:
     keys: dict[str, None] = {}
     for r in records:
         for k, v in r.items():
-            if isinstance(v, (int, float)) and not isinstance(v, bool) and k not in ("step", "epoch", "step_time", "mem_gb"):
+            if isinstance(v, (int, float)) and not isinstance(v, bool) and k not in ("step", "epoch", "step_time", "eval_time", "mem_gb"):
                 keys.setdefault(k, None)
     return list(keys)
 

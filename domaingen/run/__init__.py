@@ -12,8 +12,9 @@ every run, sweep jobs included.
 
 A run directory holds `args.json`, `results.jsonl` (one record per checkpoint,
 DomainBed's field names: `step`, `epoch`, the losses, `env{i}_in_acc`,
-`env{i}_out_acc`, `step_time`, `mem_gb`, `hparams`, `args`, plus `data_source` and
-`evaluated`, the splits that checkpoint evaluated; see Evaluated splits),
+`env{i}_out_acc`, `step_time`, `mem_gb`, `hparams`, `args`, plus `data_source`,
+`evaluated`, the splits that checkpoint evaluated (see Evaluated splits), and `eval_time`, the
+seconds that evaluation took),
 `checkpoint.pt`, `selected.pt` (see the selected checkpoint), `log.txt`, `manifest.json`
 (code version, libraries, device, threads, precision: `run.manifest`), with `--logger` also
 `tensorboard/` or `wandb/` (`run.loggers`), and last a `done` marker, or a `failed` marker with

@@ -2,7 +2,7 @@
 
 At every checkpoint, after its record is written, each logger gets the record's scalars
 at that step: the update's losses under `loss/`, every evaluated accuracy (and WILDS
-metric) under `accuracy/`, `step_time`, `mem_gb` and `epoch` under `system/`, and every
+metric) under `accuracy/`, `step_time`, `eval_time`, `mem_gb` and `epoch` under `system/`, and every
 other number the record holds (the algorithm's diagnostics: kept fractions, IoUs) under
 `diagnostics/`.
 
@@ -40,7 +40,7 @@ log = logging.getLogger(__name__)
 # logger name -> (the module it imports, the extra that installs it)
 LOGGERS = {"tensorboard": ("tensorboard", "tensorboard"), "wandb": ("wandb", "wandb")}
 ACCURACY = re.compile(r"^(env\d+_(in|out)_acc(_\w+)?|wilds_.+)$")
-SYSTEM = ("step_time", "mem_gb", "epoch")
+SYSTEM = ("step_time", "eval_time", "mem_gb", "epoch")
 NOT_SCALARS = {"step"}
 WANDB_HOST = ("api.wandb.ai", 443)
 

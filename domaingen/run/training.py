@@ -429,8 +429,10 @@ def _steps(run: ResolvedRun, dataset: MultiDomainDataset, device: torch.device, 
             evaluated = planned_splits(step, args["steps"], args["checkpoint_freq"], len(splits), args["test_envs"],
                                        args["eval_splits"], args["train_in_every"], idtest_names)
             averaging = _close_averaging_segment(algorithm, step, args, splits, device, dataset, sampler)
+            eval_started = time.perf_counter()
             accuracies = evaluate(algorithm, splits, device, args["resolved_precision"], dataset=dataset,
                                   env_domains=env_domains, predict=predict, only=evaluated, extra=idtest)
+            eval_time = time.perf_counter() - eval_started
             if averaging and step != args["steps"] - 1:  # SWAD before its end: the live model, under other names
                 accuracies = {f"live_{k}": v for k, v in accuracies.items()}
             dataset.eval_round = step
@@ -444,6 +446,7 @@ def _steps(run: ResolvedRun, dataset: MultiDomainDataset, device: torch.device, 
                 "evaluated": evaluated,
                 **algorithm.diagnostics(),
                 **dataset.checkpoint_metrics(algorithm, device),
+                "eval_time": eval_time,
                 "mem_gb": peak_memory_gb(device),
                 "data_source": dataset.data_source,
                 "hparams": hparams,
