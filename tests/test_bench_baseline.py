@@ -77,7 +77,7 @@ def test_jobs_comparison_alternates_the_trees_and_reports_the_medians(monkeypatc
     assert rows[2][1] == "25.0/40.0, 27.0/36.0, 24.0/38.0"
     assert "medians of 3" in rows[0][0]
     # the last sweep of this tree (24 s): steps 0.5 + 40 x 0.1, evaluations 1.0, final 0.5, start-up 3
-    breakdown = {name.strip(): value for name, value in rows[4:]}
+    breakdown = {name.removeprefix("  - "): value for name, value in rows[4:]}
     assert rows[3][0] == "  where this tree's last sweep went (24.0 s)"
     assert breakdown["training steps (the records' step_time)"] == f"4.5 s ({4.5 / 24:.0%})"
     assert breakdown["checkpoint evaluations (the records' eval_time)"] == f"1.0 s ({1 / 24:.0%})"

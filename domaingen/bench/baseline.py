@@ -286,7 +286,7 @@ def breakdown_rows(wall: float, recorded: dict[str, float], startup: float) -> l
              ("final evaluations of the selected checkpoints (final.json)", recorded["final"]),
              ("process start-up: imports, parser, torch._dynamo (timed apart)", startup),
              ("the rest: per-job set-up (dataset from the cache, model, optimizer, manifest), writes", rest)]
-    return [[f"    {name}", f"{seconds:.1f} s ({seconds / wall:.0%})"] for name, seconds in parts]
+    return [[f"  - {name}", f"{seconds:.1f} s ({seconds / wall:.0%})"] for name, seconds in parts]
 
 
 def jobs_rows(repo: Path, data_dir: str, n_jobs: int = 24, steps: int = 41, baseline: str = "main",
