@@ -19,11 +19,24 @@ def jobs():
     return build_jobs(spec)
 
 
-def record(path: Path, step: int, step_time: float = 0.5, outs=(0.8, 0.6)) -> None:
+def record(path: Path, step: int, step_time: float = 0.5, outs=(0.8, 0.6), **more) -> None:
     rundir = RunDirectory(path)
     rundir.create({"steps": 10})
     rundir.append_record({"step": step, "step_time": step_time, "env0_out_acc": outs[0], "env1_out_acc": outs[1],
-                          "env2_out_acc": 0.1, "env2_in_acc": 0.1})
+                          "env2_out_acc": 0.1, "env2_in_acc": 0.1, **more})
+
+
+def test_the_first_eta_counts_the_evaluations_spread_over_the_steps_they_follow(jobs, tmp_path):
+    sweep = str(tmp_path)
+    _, running, _ = jobs
+    with run_lock(running.directory(sweep)):
+        record(running.directory(sweep), 0, step_time=0.3, eval_time=2.0)
+        record(running.directory(sweep), 5, step_time=0.25, eval_time=1.0)
+        progress = Watch(jobs, sweep, Clock()).read()
+    # the latest record covers steps 1-5: 0.25 s each plus its 1 s evaluation over those 5 steps
+    assert progress.step_time == pytest.approx(0.25 + 1.0 / 5)
+    assert progress.steps_left == 4 + 10 + 10
+    assert progress.eta_s == pytest.approx(24 * (0.25 + 0.2))
 
 
 class Clock:

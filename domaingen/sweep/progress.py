@@ -5,8 +5,9 @@ run lock is held) with its latest recorded step and training-domain validation a
 and an ETA. The ETA divides the steps left (every job not done or failed, from its last
 checkpoint) by the sweep's throughput in steps per second: measured between this watch's
 first refresh and now (steps reach the disk at checkpoints, so it settles after a few);
-before any step has been measured, from the recorded `step_time` of the jobs' latest
-records times the jobs running (which leaves out evaluation, so it is low). The watch ends
+before any step has been measured, from the jobs' latest records: their `step_time` plus their
+`eval_time` spread over the steps since the checkpoint before, over the jobs running (a record
+from before runs recorded `eval_time` leaves evaluation out, and its ETA is low). The watch ends
 when every job is done or failed, when no job has run for two refreshes in a row after one
 did (the launcher stopped), or on Ctrl-C; started before a launch, it waits for one.
 """
@@ -44,7 +45,7 @@ class Progress:
     running: list[RunningJob]
     steps_done: int  # over every job: its steps if done or failed, else its checkpointed steps
     steps_left: int
-    step_time: float | None  # mean recorded step_time of the latest records read
+    step_time: float | None  # mean over the latest records read of step_time + eval_time per step covered
     eta_s: float | None = None
     rate: float | None = None  # measured steps per second
     finished: bool = False
@@ -74,7 +75,9 @@ def read_progress(jobs: Sequence[Job], sweep_dir: str) -> Progress:
         done_steps += reached
         left += steps - reached
         if last and isinstance(last.get("step_time"), (int, float)):
-            step_times.append(float(last["step_time"]))
+            covered = reached - (int(records[-2]["step"]) + 1 if len(records) > 1 else 0)
+            evaluation = last.get("eval_time") if isinstance(last.get("eval_time"), (int, float)) else 0.0
+            step_times.append(float(last["step_time"]) + float(evaluation) / max(1, covered))
         if is_locked(job.directory(sweep_dir)):
             a = job.args
             label = f"{a['dataset']} {a['algorithm']} test {a['test_envs']} h{a['hparams_seed']} t{a['trial_seed']}"
