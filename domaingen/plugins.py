@@ -158,6 +158,10 @@ def load_plugin(spec: str) -> str:
     return recorded
 
 
+# the entry points found, kept for the sys.path they were found on (see _entry_points)
+_ENTRY_POINTS: dict[tuple[str, ...], list[metadata.EntryPoint]] = {}
+
+
 def _entry_points() -> list[metadata.EntryPoint]:
     # Reading every installed distribution's metadata takes ~20 ms, and a sweep's worker asks
     # twice per job: the answer is kept while sys.path (where distributions are found) is the same.
@@ -169,9 +173,6 @@ def _entry_points() -> list[metadata.EntryPoint]:
         _ENTRY_POINTS.clear()
         _ENTRY_POINTS[key] = list(seen.values())
     return _ENTRY_POINTS[key]
-
-
-_ENTRY_POINTS: dict[tuple[str, ...], list[metadata.EntryPoint]] = {}
 
 
 def load_entry_points() -> list[str]:

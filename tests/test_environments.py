@@ -114,3 +114,20 @@ def test_train_test_envs_by_name_on_the_command_line(tmp_path, capsys):
     assert code == 0
     args = json.loads((tmp_path / "run" / "args.json").read_text())
     assert (args["test_envs"], args["dataset"], args["algorithm"]) == ([2], "ColoredMNIST", "ERM")
+
+
+def test_batches_gathered_by_index_equal_advanced_indexing():
+    import torch
+
+    from domaingen.datasets.environment import Environment
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randint(0, 256, (50, 2, 3, 3), dtype=torch.uint8, generator=g)
+    y = torch.randint(0, 10, (50,), generator=g)
+    scaled, divided = Environment("a", x, y), Environment("b", x, y, divisor=255.0)
+    index = torch.tensor([7, 0, 49, 7, 13])
+    for env, expected in ((scaled, x[index].float() * (1.0 / 255.0)), (divided, x[index].float() / 255.0)):
+        inputs, labels = env.batch(index)
+        assert torch.equal(inputs, expected) and torch.equal(labels, y[index])
+        sliced, sliced_labels = env.batch(slice(10, 20))  # a slice keeps the plain path
+        assert torch.equal(sliced, env.batch(torch.arange(10, 20))[0]) and torch.equal(sliced_labels, y[10:20])

@@ -326,3 +326,18 @@ def test_slurm_and_ray_job_bodies_load_the_jobs_plugins(make_plugin, tmp_path, m
     message = f"plugin {tmp_path / 'gone.py'}: no such file ({tmp_path / 'gone.py'} does not exist)"
     assert bad.state == "failed" and bad.message == message
     assert RunDirectory(tmp_path / "bad").failure_reason() == message
+
+
+def test_entry_points_are_read_once_per_sys_path(monkeypatch, tmp_path):
+    from importlib import metadata
+
+    reads = []
+    real = metadata.entry_points
+    monkeypatch.setattr(metadata, "entry_points", lambda **kw: reads.append(kw) or real(**kw))
+    monkeypatch.syspath_prepend(str(tmp_path / "a"))
+    plugins.load_entry_points()
+    plugins.load_entry_points()
+    assert len(reads) == 1
+    monkeypatch.syspath_prepend(str(tmp_path / "b"))  # another sys.path may hold other distributions
+    plugins.load_entry_points()
+    assert len(reads) == 2

@@ -29,6 +29,7 @@ from domaingen.inspect.masks_x_domains import SECTION as MASKS_X_DOMAINS, applie
 from domaingen.tables.collect import Collection, collect
 from domaingen.errors import DomaingenError
 from domaingen.tables.reporting import build_tables, done_runs, error_note, table_marks
+from domaingen.run.loggers import SYSTEM
 from domaingen.run.rundir import DONE, FAILED, RESULTS, SELECTED, read_jsonl
 from domaingen.tables.selection import METHOD_TITLES, select
 
@@ -158,7 +159,7 @@ def _numeric_keys(records: Sequence[dict[str, Any]]) -> list[str]:
     keys: dict[str, None] = {}
     for r in records:
         for k, v in r.items():
-            if isinstance(v, (int, float)) and not isinstance(v, bool) and k not in ("step", "epoch", "step_time", "eval_time", "mem_gb"):
+            if isinstance(v, (int, float)) and not isinstance(v, bool) and k not in ("step", *SYSTEM):
                 keys.setdefault(k, None)
     return list(keys)
 
