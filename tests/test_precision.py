@@ -11,9 +11,10 @@ import torch
 from conftest import FAST_HPARAMS
 from domaingen.run import precision
 from domaingen.errors import DomaingenError
-from domaingen.run.precision import auto_precision, cpu_flags, resolve_precision
+from domaingen.run.precision import auto_precision, cpu_flags, emulated_bf16_warning, resolve_precision
 from domaingen.run.rundir import RunDirectory
 from domaingen.sweep.spec import SpecError, build_jobs, parse_spec
+from domaingen.run import training
 from domaingen.run.training import TrainConfig, _run_precision, train
 
 ZEN5 = "processor\t: 0\nvendor_id\t: AuthenticAMD\nflags\t\t: fpu sse2 avx2 avx512f avx512_bf16 avx512_vnni\n\nprocessor\t: 1\n"
@@ -40,6 +41,37 @@ def test_cpu_flags_are_read_from_cpuinfo_text():
 ])
 def test_auto_precision_is_a_function_of_the_flags(device, text, cuda_native, expected):
     assert auto_precision(device, cpu_flags(text), cuda_native) == expected
+
+
+EMULATED_CPU = ("bf16 on a CPU without AMX or AVX-512 bf16 (amx_bf16, avx512_bf16) is emulated and runs slower "
+                "than fp32; --precision auto picks fp32 here")
+
+
+@pytest.mark.parametrize("precision_, device, text, cuda_native, expected", [
+    ("bf16", "cpu", AVX2_ONLY, True, EMULATED_CPU),
+    ("bf16", "cpu", GRAVITON, True, EMULATED_CPU),
+    ("bf16", "cpu", ZEN5, False, None),
+    ("bf16", "cpu", SAPPHIRE_RAPIDS, False, None),
+    ("fp32", "cpu", AVX2_ONLY, False, None),
+    ("bf16", "cuda", AVX2_ONLY, True, None),
+    ("bf16", "cuda", ZEN5, False,
+     "bf16 on a GPU without native bf16 (before Ampere) is emulated; --precision auto picks fp32 here"),
+])
+def test_emulated_bf16_is_named_exactly_where_auto_would_not_pick_it(precision_, device, text, cuda_native, expected):
+    assert emulated_bf16_warning(precision_, device, cpu_flags(text), cuda_native) == expected
+    # the warning and auto agree: warned precisely where auto means fp32
+    if precision_ == "bf16":
+        assert (expected is None) == (auto_precision(device, cpu_flags(text), cuda_native) == "bf16")
+
+
+@pytest.mark.parametrize("text, warned", [(AVX2_ONLY, True), (ZEN5, False)])
+def test_a_bf16_run_on_an_emulating_cpu_says_so_in_its_log(tmp_path, monkeypatch, caplog, text, warned):
+    monkeypatch.setattr(training, "read_cpu_flags", lambda path="/proc/cpuinfo": cpu_flags(text))
+    with caplog.at_level("WARNING", logger="domaingen"):
+        train(TrainConfig(dataset="ColoredMNIST", algorithm="ERM", output_dir=str(tmp_path / "run"), data_dir="embedded",
+                          steps=1, checkpoint_freq=1, hparams=FAST_HPARAMS, precision="bf16", device="cpu"))
+    assert any(r.getMessage() == EMULATED_CPU for r in caplog.records) == warned
+    assert (EMULATED_CPU in (tmp_path / "run" / "log.txt").read_text()) == warned
 
 
 def test_explicit_precisions_pass_through(monkeypatch):

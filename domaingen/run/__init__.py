@@ -94,7 +94,8 @@ has no leave-one-domain-out cell (collect says so).
 under bf16 autocast (weights, optimizer state and the loss stay fp32). `auto` picks
 bf16 on a CUDA GPU with native bf16 (Ampere and later) and on a CPU with AMX
 (`amx_bf16`) or AVX-512 bf16 (`avx512_bf16`) instructions, and fp32 elsewhere (an
-AVX2-only CPU emulates bf16 and runs it slower than fp32). A run records what it
+AVX2-only CPU emulates bf16 and runs it slower than fp32; a run asked for bf16 there
+says so in its log with one warning). A run records what it
 asked for (`precision`, part of its identity) and what that meant where it started
 (`resolved_precision`, not part of its identity); a resumed run keeps the precision
 it started in, whatever the new machine's `auto` would say. A sweep whose jobs run on

@@ -57,3 +57,16 @@ def resolve_precision(requested: str, device_type: str) -> str:
         return requested
     native = cuda_has_native_bf16() if device_type == "cuda" else False
     return auto_precision(device_type, read_cpu_flags() if device_type == "cpu" else (), native)
+
+
+def emulated_bf16_warning(precision: str, device_type: str, flags: Iterable[str] = (),
+                          cuda_native_bf16: bool = True) -> str | None:
+    """The one-line warning for a run computing in bf16 where the hardware emulates it; None elsewhere."""
+    if precision != "bf16":
+        return None
+    if device_type == "cpu" and not NATIVE_BF16_CPU_FLAGS & set(flags):
+        return ("bf16 on a CPU without AMX or AVX-512 bf16 (amx_bf16, avx512_bf16) is emulated and runs "
+                "slower than fp32; --precision auto picks fp32 here")
+    if device_type == "cuda" and not cuda_native_bf16:
+        return "bf16 on a GPU without native bf16 (before Ampere) is emulated; --precision auto picks fp32 here"
+    return None
