@@ -124,6 +124,10 @@ def test_no_weights_and_no_network_say_which_file_to_put_where(tmp_path, monkeyp
     monkeypatch.delenv("DOMAINGEN_WEIGHTS", raising=False)
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    # the hub client reads HF_HUB_OFFLINE when it is imported: without its constant set too, the
+    # download would wait through the retries of a machine without network (about 47 s)
+    hub = pytest.importorskip("huggingface_hub")
+    monkeypatch.setattr(hub.constants, "HF_HUB_OFFLINE", True)
     with pytest.raises(DomaingenError) as info:
         build_featurizer((3, 32, 32), {"backbone": "timm:resnet10t", "pretrained": True})
     message = str(info.value)
