@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from conftest import FAST_HPARAMS
+from domaingen.cli import main
 from domaingen.run.rundir import RunDirectory
 
 N_JOBS = 6  # ColoredMNIST's 3 test environments x 2 trials
@@ -47,7 +48,7 @@ def _group_alive(pgid: int) -> bool:
     ("parallel", "Ctrl-C (SIGINT to the process group)"),
     ("local", "SIGTERM to the launcher"),
 ])
-def test_an_interrupted_sweep_stops_every_job(tmp_path, mnist_dir, launcher_name, how):
+def test_an_interrupted_sweep_stops_every_job(tmp_path, mnist_dir, capsys, launcher_name, how):
     sweep_dir = tmp_path / "sweep"
     workers = 2 if launcher_name == "parallel" else 1
     command = [
@@ -84,9 +85,10 @@ def test_an_interrupted_sweep_stops_every_job(tmp_path, mnist_dir, launcher_name
         log = (run / "log.txt").read_text()
         assert "interrupted; rerun the same command to resume from the last checkpoint" in log
         assert RunDirectory(run).load_checkpoint() is not None  # what a relaunch resumes from
-    status = subprocess.run([sys.executable, "-m", "domaingen", "sweep", "status", "--output_dir", str(sweep_dir)],
-                            capture_output=True, text=True)
-    assert f"{N_JOBS} jobs in {sweep_dir}: 0 done, {workers} incomplete, 0 failed, {N_JOBS - workers} not launched" in status.stdout
+    capsys.readouterr()
+    assert main(["sweep", "status", "--output_dir", str(sweep_dir)]) == 0
+    status = capsys.readouterr().out
+    assert f"{N_JOBS} jobs in {sweep_dir}: 0 done, {workers} incomplete, 0 failed, {N_JOBS - workers} not launched" in status
 
 
 class _GoneWorker:
