@@ -187,6 +187,10 @@ def test_table_cells_average_column_and_averages_table():
     assert averages.values == pytest.approx(per_trial)
     assert averages.domainbed_se == pytest.approx(float(np.std(np.array(per_trial) / math.sqrt(3))))
     assert "1 trial(s) averaged over fewer than 2 environments" in averages.note
+    # the table shows that the number rests on fewer environments in some trial
+    assert averages.footnote == ("1 of 3 trial(s) averaged over the environments they have, fewer than 2 "
+                                 "(as DomainBed's collect_results averages)")
+    assert tables[2].rows["A"][-1].footnote == averages.footnote  # and so does the Avg that rests on it
     csv = pd.read_csv(__import__("io").StringIO(to_csv(tables)))
     avg = csv[(csv["table"] == "test") & (csv["column"] == "Avg") & (csv["dataset"] == "Toy")]
     assert avg["mean"].iloc[0] == pytest.approx((env0_mean + .3) / 2) and pd.isna(avg["error"].iloc[0])

@@ -16,7 +16,17 @@ import pytest
 from domaingen.cli.main import main
 from domaingen.tables.collect import collect
 from domaingen.tables.reference import read_reference
-from domaingen.tables.reporting import build_tables, latex_table, to_csv, to_latex, to_markdown
+from domaingen.tables.collect import Collection
+from domaingen.tables.reporting import (
+    Cell,
+    Table,
+    build_tables,
+    latex_table,
+    cell_notes,
+    to_csv,
+    to_latex,
+    to_markdown,
+)
 from domaingen.run.rundir import ARGS, DONE, FAILED, RESULTS
 
 RESULTS_DIR = Path(__file__).resolve().parent.parent / "results"
@@ -249,7 +259,7 @@ def test_bare_latex_names_its_packages_and_picks_the_float_by_width(sweep):
     assert r"\documentclass" not in bare and r"\resizebox{\linewidth}" not in bare
     narrow = latex_table(tables[0])  # ColoredMNIST: one column
     assert narrow.startswith(r"\begin{table}[ht]") and narrow.rstrip().endswith(r"\end{table}")
-    wide = latex_table(tables[1])  # RotatedMNIST: 3 environments + Avg, each "missing: ..." or a number
+    wide = latex_table(tables[1])  # RotatedMNIST: 3 environments + Avg, each "missing [k]" or a number
     assert wide.startswith(r"\begin{table*}[t]") and wide.rstrip().endswith(r"\end{table*}")
     assert r"\resizebox{\ifdim\width>\linewidth\linewidth\else\width\fi}{!}{%" in narrow
 
@@ -337,4 +347,37 @@ def test_jobs_never_launched_keep_their_column_and_say_so(tmp_path, capsys):
     run.rename(job.directory(tmp_path))
     code, out, _ = run_cli(capsys, "collect", "--input_dir", str(tmp_path), "--selection", "training")
     assert code == 0
-    assert re.search(r"\| ERM +\| missing: no done run with test env 0 \(1 not launched\) +\| 10\.0 † +\|", out)
+    assert re.search(r"\| ERM +\| missing \[1\] +\| 10\.0 † +\|", out)
+    assert "\n[1] no done run with test env 0 (1 not launched).\n" in out
+
+
+def test_missing_cells_and_caveats_are_numbered_under_the_table():
+    def missing(reason: str) -> Cell:
+        return Cell(missing=reason)
+
+    table = Table("T", "RotatedMNIST/training/test", ["0", "15", "Avg"], {
+        "ERM": [Cell(values=[.5, .7]), missing("no done run with test env 1 (2 not launched)"), missing("1 environment(s) missing")],
+        "IRM": [missing("no done run with test env 0 (1 failed)"), missing("no done run with test env 1 (2 not launched)"),
+                missing("2 environment(s) missing")],
+        "VREx": [Cell(values=[.25], footnote="a caveat"), Cell(values=[.5], note="a note for CSV only"), missing("")],
+    })
+    # reading order, row by row; a reason met again keeps its number
+    assert cell_notes(table) == {"no done run with test env 1 (2 not launched)": 1, "1 environment(s) missing": 2,
+                                 "no done run with test env 0 (1 failed)": 3, "2 environment(s) missing": 4,
+                                 "a caveat": 5}
+    collection = Collection(records=pd.DataFrame({"run": ["r"], "dataset": ["RotatedMNIST"]}))
+    markdown = to_markdown([table], collection)
+    rows = [line for line in markdown.splitlines() if line.startswith(("| ERM", "| IRM", "| VREx"))]
+    assert [[c.strip() for c in row.strip("|").split("|")] for row in rows] == [
+        ["ERM", "60.0 ± 7.1", "missing [1]", "missing [2]"],  # ± std([.5, .7] / sqrt(2)), ddof 0
+        ["IRM", "missing [3]", "missing [1]", "missing [4]"],
+        ["VREx", "25.0 [5]", "50.0", "missing"],
+    ]
+    notes = ["[1] no done run with test env 1 (2 not launched).", "[2] 1 environment(s) missing.",
+             "[3] no done run with test env 0 (1 failed).", "[4] 2 environment(s) missing.", "[5] a caveat."]
+    assert "\n".join(notes) in markdown
+    latex = latex_table(table)
+    assert r"\textit{missing [3]} & \textit{missing [1]} & \textit{missing [4]} \\" in latex
+    assert r"VREx & 25.0 [5] & 50.0 & \textit{missing} \\" in latex
+    assert "\\par\n".join(notes) in latex  # in the note under the table, which a paper keeps with it
+    assert "missing: " not in markdown + latex

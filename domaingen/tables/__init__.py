@@ -203,7 +203,9 @@ checkpoint winning ties) matched 34, 158 and 24 of them.
   (DomainBed's), `Avg (0, 75)` over a subset. The averages-over-datasets table takes
   the datasets that have an Avg (its column headers name subsets) and is left out
   when none has or when only one dataset has (it would repeat that table's Avg). A column whose runs failed or are unfinished stays, and its cells
-  say so (`missing: no done run with test env 3 (1 failed)`).
+  say so: `missing [1]` in Markdown and LaTeX, with the reasons numbered under the
+  table (`[1] no done run with test env 3 (1 failed).`; one number per distinct reason),
+  the whole reason in CSV's `missing` column and in the HTML report.
 - **Published numbers beside ours.** `collect --reference FILE.csv [FILE.csv ...]`
   adds published cells as rows labelled with their source, in Markdown, LaTeX (below
   a rule) and CSV (`source` and `published_error` columns). The file's columns:

@@ -80,6 +80,7 @@ class Cell:
     note: str = ""
     percent: bool = True  # accuracies print as percentages (x100, one decimal); other quantities as they are
     marks: str = ""  # STEP0 and/or TIED (MARKS): how selection chose in some trial
+    footnote: str = ""  # a caveat Markdown and LaTeX print as a numbered note under the table (cell_notes)
 
     def mark_counts(self) -> tuple[int, int]:
         """(trials whose selected checkpoint is step 0, trials whose candidates all tied)."""
@@ -377,8 +378,11 @@ def _per_trial_average(cells: Sequence[Cell]) -> Cell:
     partial = sum(len(by_trial[s]) < len(cells) for s in seeds)
     note = f"{partial} trial(s) averaged over fewer than {len(cells)} environments" if partial else ""
     marks = "".join(m for m in MARKS if any(m in c.marks for c in cells))  # it rests on those cells' selections
+    # DomainBed's number, but a reader of the table must see that it does not cover every environment
+    footnote = (f"{partial} of {len(seeds)} trial(s) averaged over the environments they have, fewer than "
+                f"{len(cells)} (as DomainBed's collect_results averages)") if partial else ""
     return Cell([float(np.mean(by_trial[s])) for s in seeds], trace=[{"trial_seed": s} for s in seeds], note=note,
-                marks=marks)
+                marks=marks, footnote=footnote)
 
 
 def averages_table(test_tables: Sequence[Table], method: str) -> Table | None:
@@ -402,6 +406,8 @@ def averages_table(test_tables: Sequence[Table], method: str) -> Table | None:
         cells = [_per_trial_average(t.rows[algorithm][:-1]) if algorithm in t.rows else Cell(missing="not run")
                  for t in with_avg]
         overall = _average_cell(cells)
+        # an Avg over a partial dataset average carries the same caveat (the same numbered note)
+        overall.footnote = next((c.footnote for c in cells if c.footnote), "") if overall.values else ""
         rows[algorithm] = cells + [overall if overall.values else Cell(missing="a dataset is missing")]
     sources = sorted({t.data_source for t in with_avg})
     source = sources[0] if len(sources) == 1 else "; ".join(f"{d}: {t.data_source}" for d, t in zip(datasets, with_avg))
@@ -475,16 +481,54 @@ def add_reference_rows(table: Table, reference: pd.DataFrame) -> None:
 # ---- formats -----------------------------------------------------------------
 
 
+def _cell_note(cell: Cell) -> str:
+    """What a numbered note says of `cell`: why it is missing, or its caveat ('' for neither)."""
+    return cell.missing if not cell.values else cell.footnote
+
+
+def cell_notes(table: Table) -> dict[str, int]:
+    """Each distinct reason that a cell of `table` is missing, and each cell's caveat (`Cell.footnote`),
+    numbered in reading order (row by row).
+
+    Markdown and LaTeX print a missing cell as `missing [k]`, a cell with a caveat as its number
+    followed by `[k]`, and the notes under the table, so that a partly run sweep's table stays
+    as narrow as a finished one.
+    """
+    notes: dict[str, int] = {}
+    for cells in table.rows.values():
+        for cell in cells:
+            text = _cell_note(cell)
+            if text and text not in notes:
+                notes[text] = len(notes) + 1
+    return notes
+
+
+def short_cell_text(cell: Cell, notes: dict[str, int], show_n: bool = False, error: str = "domainbed") -> str:
+    """`cell.text()`, with a missing cell's reason replaced by its number in `notes` (cell_notes) and
+    a caveat's number appended."""
+    text = _cell_note(cell)
+    if text not in notes:
+        return cell.text(show_n, error)
+    return f"missing [{notes[text]}]" if not cell.values else f"{cell.text(show_n, error)} [{notes[text]}]"
+
+
+def note_lines(notes: dict[str, int]) -> list[str]:
+    """'[k] note.' for each numbered note, in order."""
+    return [f"[{k}] {text}." for text, k in notes.items()]
+
+
 def to_markdown(tables: Sequence[Table], collection: Collection, show_n: bool = False, error: str = "domainbed") -> str:
     out = io.StringIO()
     for table in tables:
         out.write(f"### {table.caption()}\n\n")
-        body = [[alg] + [c.text(show_n, error) for c in cells] for alg, cells in table.rows.items()]
+        notes = cell_notes(table)
+        body = [[alg] + [short_cell_text(c, notes, show_n, error) for c in cells] for alg, cells in table.rows.items()]
         body += [[f"{alg} ({source})"] + [c.text() for c in cells] for (alg, source), cells in table.references.items()]
         out.write(tabulate(body, headers=["Algorithm"] + table.columns, tablefmt="github", disable_numparse=True))
         out.write("\n\n")
-        out.write("".join(f"{mark} {text}.\n" for mark, text in table_marks(table)))
-        out.write("\n" if table_marks(table) else "")
+        footnotes = [f"{mark} {text}." for mark, text in table_marks(table)] + note_lines(notes)
+        out.write("".join(f"{line}\n" for line in footnotes))
+        out.write("\n" if footnotes else "")
         note = mixed_versions_note(collection, table.key.split("/")[0])
         out.write(f"{note}\n\n" if note else "")
     out.write(error_note(error, tables, protocol=collection.protocol) + "\n")
@@ -555,13 +599,14 @@ def latex_escape(text: str) -> str:
     return "".join("$-$" if _is_minus(text, i) else LATEX_ESCAPES.get(ch, ch) for i, ch in enumerate(text))
 
 
-def _latex_cell(cell: Cell, show_n: bool, error: str = "domainbed") -> str:
+def _latex_cell(cell: Cell, show_n: bool, error: str = "domainbed", notes: dict[str, int] | None = None) -> str:
     if not cell.values:
-        return r"\textit{" + latex_escape(cell.text()) + "}"
+        return r"\textit{" + latex_escape(short_cell_text(cell, notes or {})) + "}"
     mean, spread = cell.number_texts(error)
     text = mean + (rf" $\pm$ {spread}" if spread else "")
     text += f" ({cell.n})" if show_n and cell.error_bar else ""
-    return text + "".join(LATEX_MARKS[m] for m in cell.marks)
+    number = (notes or {}).get(cell.footnote) if cell.footnote else None
+    return text + "".join(LATEX_MARKS[m] for m in cell.marks) + (f" [{number}]" if number else "")
 
 
 LATEX_PACKAGES = ("booktabs", "graphicx")
@@ -598,7 +643,9 @@ def latex_table(table: Table, show_n: bool = False, error: str = "domainbed", pl
     `note`, a line set small under the table (e.g. that its runs mix code versions).
     """
     header = ["Algorithm"] + [latex_escape(c) for c in table.columns]
-    body = [[latex_escape(alg)] + [_latex_cell(c, show_n, error) for c in cells] for alg, cells in table.rows.items()]
+    notes = cell_notes(table)
+    body = [[latex_escape(alg)] + [_latex_cell(c, show_n, error, notes) for c in cells]
+            for alg, cells in table.rows.items()]
     published = [[latex_escape(f"{alg} ({source})")] + [_latex_reference_cell(c) for c in cells]
                  for (alg, source), cells in table.references.items()]
     wide = latex_width_pt([header] + body + published) > COLUMN_WIDTH_PT
@@ -627,9 +674,10 @@ def latex_table(table: Table, show_n: bool = False, error: str = "domainbed", pl
 
 
 def latex_table_note(table: Table, error: str = "domainbed") -> str:
-    """The note under a LaTeX table: what ± is over how many trials, and its marks' footnotes,
-    so that the table keeps them when pasted into a paper."""
+    """The note under a LaTeX table: what ± is over how many trials, its marks' footnotes and
+    why its missing cells are missing, so that the table keeps them when pasted into a paper."""
     parts = [error_note(error, [table])] + [f"{mark} {text}." for mark, text in table_marks(table)]
+    parts += note_lines(cell_notes(table))
     text = "\\par\n".join(latex_escape(p) for p in parts)
     for plain, math_mode in LATEX_FORMULAS.items():
         text = text.replace(plain, math_mode)
