@@ -37,6 +37,8 @@ def test_the_first_eta_counts_the_evaluations_spread_over_the_steps_they_follow(
     assert progress.step_time == pytest.approx(0.25 + 1.0 / 5)
     assert progress.steps_left == 4 + 10 + 10
     assert progress.eta_s == pytest.approx(24 * (0.25 + 0.2))
+    assert render(progress, sweep, 3).splitlines()[1] == (
+        "steps: 6 done, 24 left; ETA 11s (from recorded step and evaluation times)")  # 24 x 0.45 s = 10.8 s
 
 
 class Clock:
@@ -62,6 +64,9 @@ def test_the_eta_divides_the_steps_left_by_the_measured_throughput(jobs, tmp_pat
         assert (first.steps_done, first.steps_left) == (10 + 1, 9 + 10)
         assert first.step_time == 0.25  # the latest records of the jobs not done
         assert first.eta_s == pytest.approx(19 * first.step_time / 1)
+        # a record without eval_time (a run from before it was recorded): the screen says what is left out
+        assert render(first, sweep, 3).splitlines()[1] == (
+            "steps: 11 done, 19 left; ETA 5s (from recorded step times, evaluation not counted)")
         assert [(j.step, j.val_acc) for j in first.running] == [(0, pytest.approx(0.7))]
         clock.now += 20.0
         record(running.directory(sweep), 5, outs=(0.9, 0.7))

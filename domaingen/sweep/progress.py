@@ -46,6 +46,7 @@ class Progress:
     steps_done: int  # over every job: its steps if done or failed, else its checkpointed steps
     steps_left: int
     step_time: float | None  # mean over the latest records read of step_time + eval_time per step covered
+    eval_counted: bool = False  # whether some record read had eval_time (runs from before it leave it out)
     eta_s: float | None = None
     rate: float | None = None  # measured steps per second
     finished: bool = False
@@ -62,7 +63,7 @@ def read_progress(jobs: Sequence[Job], sweep_dir: str) -> Progress:
     """The sweep's state now, without an ETA (see Watch)."""
     states = job_states(jobs, sweep_dir)
     counts = collections.Counter(states.values())
-    running, done_steps, left, step_times = [], 0, 0, []
+    running, done_steps, left, step_times, eval_counted = [], 0, 0, [], False
     for job in jobs:
         steps = int(job.args["steps"])
         state = states[job.job_id]
@@ -76,7 +77,9 @@ def read_progress(jobs: Sequence[Job], sweep_dir: str) -> Progress:
         left += steps - reached
         if last and isinstance(last.get("step_time"), (int, float)):
             covered = reached - (int(records[-2]["step"]) + 1 if len(records) > 1 else 0)
-            evaluation = last.get("eval_time") if isinstance(last.get("eval_time"), (int, float)) else 0.0
+            timed = isinstance(last.get("eval_time"), (int, float))
+            evaluation = last["eval_time"] if timed else 0.0
+            eval_counted |= timed
             step_times.append(float(last["step_time"]) + float(evaluation) / max(1, covered))
         if is_locked(job.directory(sweep_dir)):
             a = job.args
@@ -86,7 +89,7 @@ def read_progress(jobs: Sequence[Job], sweep_dir: str) -> Progress:
     counts = {s: counts.get(s, 0) for s in STATES}
     finished = counts[DONE_STATE] + counts[FAILED_STATE] == len(jobs)
     return Progress(counts, running, done_steps, left, sum(step_times) / len(step_times) if step_times else None,
-                    finished=finished)
+                    eval_counted=eval_counted, finished=finished)
 
 
 class Watch:
@@ -142,8 +145,10 @@ def duration(seconds: float | None) -> str:
 def render(progress: Progress, sweep_dir: str, total: int) -> str:
     """The screen of one refresh (plain text)."""
     lines = [f"{total} jobs in {sweep_dir}: " + ", ".join(f"{n} {s}" for s, n in progress.counts.items())]
+    recorded = ("from recorded step and evaluation times" if progress.eval_counted
+                else "from recorded step times, evaluation not counted")
     how = (f"{progress.rate:.2f} steps/s measured" if progress.rate else
-           "from recorded step times, evaluation not counted" if progress.eta_s is not None else "not measured yet")
+           recorded if progress.eta_s is not None else "not measured yet")
     lines.append(f"steps: {progress.steps_done} done, {progress.steps_left} left; ETA {duration(progress.eta_s)} "
                  f"({how})")
     if progress.running:
