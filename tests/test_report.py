@@ -155,3 +155,20 @@ def test_synthetic_sweep_of_the_benchmark_collects(tmp_path):
     collection = collect(tmp_path)
     assert collection.records["run"].nunique() == 80 and len(collection.records) == 160
     assert set(collection.records["algorithm"]) >= {"ERM", "DMG", "ERM+ModReg"}
+
+
+def test_html_tables_number_missing_cells_and_caveats_as_markdown_does():
+    from domaingen.inspect.report import table_html
+    from domaingen.tables.reporting import Cell, Table
+
+    table = Table("T", "Toy/training/test", ["env0", "env1", "Avg"], {
+        "ERM": [Cell(values=[.5]), Cell(missing="no done run with test env 1 (1 failed)"),
+                Cell(missing="1 environment(s) missing")],
+        "IRM": [Cell(values=[.25], footnote="a caveat"), Cell(missing="no done run with test env 1 (1 failed)"),
+                Cell(missing="1 environment(s) missing")],
+    })
+    page = table_html(table, "caption")
+    cells = re.findall(r"<td(?: class=\"[^\"]*\")?>([^<]*)</td>", page)
+    assert cells == ["ERM", "50.0", "missing [1]", "missing [2]", "IRM", "25.0 [3]", "missing [1]", "missing [2]"]
+    assert re.findall(r'<p class="note">([^<]*)</p>', page) == [
+        "[1] no done run with test env 1 (1 failed).", "[2] 1 environment(s) missing.", "[3] a caveat."]

@@ -28,7 +28,15 @@ import pandas as pd
 from domaingen.inspect.masks_x_domains import SECTION as MASKS_X_DOMAINS, applied
 from domaingen.tables.collect import Collection, collect
 from domaingen.errors import DomaingenError
-from domaingen.tables.reporting import build_tables, done_runs, error_note, table_marks
+from domaingen.tables.reporting import (
+    build_tables,
+    cell_notes,
+    done_runs,
+    error_note,
+    note_lines,
+    short_cell_text,
+    table_marks,
+)
 from domaingen.run.loggers import SYSTEM
 from domaingen.run.rundir import DONE, FAILED, RESULTS, SELECTED, read_jsonl
 from domaingen.tables.selection import METHOD_TITLES, select
@@ -731,13 +739,17 @@ img{max-width:100%}h2{border-bottom:1px solid #ddd;padding-bottom:.2em}"""
 
 
 def table_html(table, caption: str) -> str:
-    """One `collect` table as HTML, with a caption and the footnotes of its marked cells."""
+    """One `collect` table as HTML, with a caption, the footnotes of its marked cells and the numbered
+    notes of its missing cells and caveats (as in Markdown)."""
     head = "".join(f"<th>{html.escape(c)}</th>" for c in ["Algorithm", *table.columns])
+    numbered = cell_notes(table)
     body = []
     for algorithm, cells in table.rows.items():
-        tds = "".join(f'<td class="{"" if c.values else "missing"}">{html.escape(c.text())}</td>' for c in cells)
+        tds = "".join(f'<td class="{"" if c.values else "missing"}">{html.escape(short_cell_text(c, numbered))}</td>'
+                      for c in cells)
         body.append(f"<tr><td>{html.escape(algorithm)}</td>{tds}</tr>")
-    notes = "".join(f'<p class="note">{html.escape(f"{mark} {text}.")}</p>' for mark, text in table_marks(table))
+    lines = [f"{mark} {text}." for mark, text in table_marks(table)] + note_lines(numbered)
+    notes = "".join(f'<p class="note">{html.escape(line)}</p>' for line in lines)
     return f"<table><caption>{html.escape(caption)}</caption><tr>{head}</tr>{''.join(body)}</table>{notes}"
 
 
