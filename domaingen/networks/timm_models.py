@@ -10,7 +10,9 @@ holding `<name>.safetensors` / `.pth` / `.bin`, `<name>/model.safetensors`, or t
 named in the model's download URL; `<name>` is `architecture.tag`, e.g.
 `resnet50.ram_in1k`), else timm's own cache (the Hugging Face hub cache), else downloaded
 by timm. A file whose keys do not fit the architecture is refused naming the file and the
-first missing key; the classifier head's keys are dropped (the head is domaingen's).
+first missing key; the classifier head's keys are dropped (the head is domaingen's). On a
+machine without network (a cluster's compute nodes), set `HF_HUB_OFFLINE=1`: the hub client
+otherwise retries the download for about 45 s in every job before it reads its cache or fails.
 
 Departures from DomainBed, stated: DomainBed loads DINOv2 from torch hub
 (facebookresearch/dinov2, `dinov2_vitb14`) and interpolates its position embedding at
