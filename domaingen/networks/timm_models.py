@@ -12,7 +12,8 @@ named in the model's download URL; `<name>` is `architecture.tag`, e.g.
 by timm. A file whose keys do not fit the architecture is refused naming the file and the
 first missing key; the classifier head's keys are dropped (the head is domaingen's). On a
 machine without network (a cluster's compute nodes), set `HF_HUB_OFFLINE=1`: the hub client
-otherwise retries the download for about 45 s in every job before it reads its cache or fails.
+otherwise spends about 45 s in every job retrying the download (measured with huggingface_hub
+2.4 on a machine without network and without the weights cached) before it fails.
 
 Departures from DomainBed, stated: DomainBed loads DINOv2 from torch hub
 (facebookresearch/dinov2, `dinov2_vitb14`) and interpolates its position embedding at
