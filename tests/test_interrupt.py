@@ -147,3 +147,31 @@ def test_a_pool_broken_by_interrupted_workers_is_an_interrupt(exit_status, raise
         futures = [pool.submit(os._exit, exit_status) for _ in range(3)]
         with pytest.raises(expected):
             launchers._collect_results(pool, futures, LaunchOptions(progress=False))
+
+
+class _LateReapedWorker:
+    """A dead worker whose exit code shows only after a few reads: the pool's own thread reaped it
+    first, so this thread's waitpid found no child and read None until that thread recorded it."""
+
+    def __init__(self, exitcode: int, hidden_reads: int) -> None:
+        self._exitcode, self._hidden = exitcode, hidden_reads
+
+    def join(self, timeout: float | None = None) -> None:
+        pass
+
+    @property
+    def exitcode(self) -> int | None:
+        if self._hidden:
+            self._hidden -= 1
+            return None
+        return self._exitcode
+
+
+def test_an_interrupted_worker_reaped_by_the_pool_thread_still_counts_as_interrupted(monkeypatch):
+    from domaingen.sweep import parallel as launchers
+
+    monkeypatch.setattr(launchers, "EXIT_CODE_POLL_S", 0.0)
+    assert launchers._interrupted([_LateReapedWorker(launchers.INTERRUPTED_EXIT, hidden_reads=5),
+                                   _LateReapedWorker(-15, hidden_reads=0)])
+    # a worker that died of something else is not an interrupt, however late its code shows
+    assert not launchers._interrupted([_LateReapedWorker(1, hidden_reads=5), _LateReapedWorker(-15, hidden_reads=0)])

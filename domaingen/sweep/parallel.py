@@ -39,6 +39,8 @@ STOP_TIMEOUT_S = 60.0
 
 # The exit status of a worker that an interrupt stopped (128 + SIGINT, as a shell reports it).
 INTERRUPTED_EXIT = 130
+# how often _interrupted reads again a worker exit code that another thread has yet to record
+EXIT_CODE_POLL_S = 0.01
 
 
 def _interrupt_worker(signum: int, frame: Any) -> None:
@@ -108,7 +110,16 @@ def _interrupted(workers: Sequence[Any]) -> bool:
     """Whether any of the pool's worker processes ended because an interrupt stopped it."""
     for process in workers:
         process.join(INTERRUPT_GRACE_S)
-    return any(process.exitcode == INTERRUPTED_EXIT for process in workers)
+    # The pool's own thread reaps its dead workers too. When its waitpid wins, ours finds no child
+    # and a worker reads as ended without an exit code until that thread records it: wait for it.
+    deadline = time.monotonic() + INTERRUPT_GRACE_S
+    while True:
+        codes = [process.exitcode for process in workers]
+        if INTERRUPTED_EXIT in codes:
+            return True
+        if None not in codes or time.monotonic() > deadline:
+            return False
+        time.sleep(EXIT_CODE_POLL_S)
 
 
 def _stop_workers(pool: ProcessPoolExecutor) -> None:
