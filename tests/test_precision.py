@@ -14,7 +14,6 @@ from domaingen.errors import DomaingenError
 from domaingen.run.precision import auto_precision, cpu_flags, emulated_bf16_warning, resolve_precision
 from domaingen.run.rundir import RunDirectory
 from domaingen.sweep.spec import SpecError, build_jobs, parse_spec
-from domaingen.run import training
 from domaingen.run.training import TrainConfig, _run_precision, train
 
 ZEN5 = "processor\t: 0\nvendor_id\t: AuthenticAMD\nflags\t\t: fpu sse2 avx2 avx512f avx512_bf16 avx512_vnni\n\nprocessor\t: 1\n"
@@ -66,7 +65,7 @@ def test_emulated_bf16_is_named_exactly_where_auto_would_not_pick_it(precision_,
 
 @pytest.mark.parametrize("text, warned", [(AVX2_ONLY, True), (ZEN5, False)])
 def test_a_bf16_run_on_an_emulating_cpu_says_so_in_its_log(tmp_path, monkeypatch, caplog, text, warned):
-    monkeypatch.setattr(training, "read_cpu_flags", lambda path="/proc/cpuinfo": cpu_flags(text))
+    monkeypatch.setattr(precision, "read_cpu_flags", lambda path="/proc/cpuinfo": cpu_flags(text))
     with caplog.at_level("WARNING", logger="domaingen"):
         train(TrainConfig(dataset="ColoredMNIST", algorithm="ERM", output_dir=str(tmp_path / "run"), data_dir="embedded",
                           steps=1, checkpoint_freq=1, hparams=FAST_HPARAMS, precision="bf16", device="cpu"))

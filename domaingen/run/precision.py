@@ -70,3 +70,12 @@ def emulated_bf16_warning(precision: str, device_type: str, flags: Iterable[str]
     if device_type == "cuda" and not cuda_native_bf16:
         return "bf16 on a GPU without native bf16 (before Ampere) is emulated; --precision auto picks fp32 here"
     return None
+
+
+def bf16_emulation_warning_here(precision: str, device_type: str) -> str | None:
+    """`emulated_bf16_warning` for this machine's hardware (its CPU flags, or its GPU's bf16 support)."""
+    if precision != "bf16":
+        return None
+    flags = read_cpu_flags() if device_type == "cpu" else ()
+    native = cuda_has_native_bf16() if device_type == "cuda" else True
+    return emulated_bf16_warning(precision, device_type, flags, native)

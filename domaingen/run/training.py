@@ -42,14 +42,7 @@ from domaingen.hparams import apply_overrides, draw_hparams, parse_overrides, ru
 from domaingen.devices import make_deterministic, place_model, resolve_device
 from domaingen.networks import check_backbone
 from domaingen.plugins import load_plugins, loaded_plugins, merge_specs, portable, split_specs
-from domaingen.run.precision import (
-    PRECISIONS,
-    REQUESTED_PRECISIONS,
-    cuda_has_native_bf16,
-    emulated_bf16_warning,
-    read_cpu_flags,
-    resolve_precision,
-)
+from domaingen.run.precision import PRECISIONS, REQUESTED_PRECISIONS, bf16_emulation_warning_here, resolve_precision
 from domaingen.run.loggers import RunLoggers, check_logger_names
 from domaingen.run.manifest import build_manifest, record_manifest, used_libraries
 from domaingen.run.protocol import (
@@ -279,17 +272,6 @@ def _run_precision(rundir: RunDirectory, requested: str, device: torch.device) -
     return started if started in PRECISIONS else resolve_precision(requested, device.type)
 
 
-def _warn_if_bf16_emulated(precision: str, device: torch.device) -> None:
-    """Say so in the run's log when it computes in bf16 on hardware that emulates it."""
-    if precision != "bf16":
-        return
-    flags = read_cpu_flags() if device.type == "cpu" else ()
-    native = cuda_has_native_bf16() if device.type == "cuda" else True
-    message = emulated_bf16_warning(precision, device.type, flags, native)
-    if message:
-        log.warning(message)
-
-
 def peak_memory_gb(device: torch.device) -> float:
     """Peak GPU memory allocated on CUDA; peak resident memory of the process on CPU."""
     if device.type == "cuda":
@@ -416,7 +398,9 @@ def _train_loop(
     changed = record_manifest(rundir, manifest, start_step)
     if changed:
         log.warning(changed)
-    _warn_if_bf16_emulated(args["resolved_precision"], device)
+    emulated = bf16_emulation_warning_here(args["resolved_precision"], device.type)
+    if emulated:
+        log.warning(emulated)
     loggers = RunLoggers(run.loggers, rundir.path, start_step, hparams, args, run.identity())
     try:
         _steps(run, dataset, device, rundir, splits, algorithm, sampler, predict, start_step, selected, loggers)

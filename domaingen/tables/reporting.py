@@ -503,13 +503,19 @@ def cell_notes(table: Table) -> dict[str, int]:
     return notes
 
 
+def _note_number(cell: Cell, notes: dict[str, int]) -> str:
+    """' [k]', the number of the cell's note in `notes` (cell_notes); '' when it has none."""
+    text = _cell_note(cell)
+    return f" [{notes[text]}]" if text in notes else ""
+
+
 def short_cell_text(cell: Cell, notes: dict[str, int], show_n: bool = False, error: str = "domainbed") -> str:
     """`cell.text()`, with a missing cell's reason replaced by its number in `notes` (cell_notes) and
     a caveat's number appended."""
-    text = _cell_note(cell)
-    if text not in notes:
+    number = _note_number(cell, notes)
+    if not number:
         return cell.text(show_n, error)
-    return f"missing [{notes[text]}]" if not cell.values else f"{cell.text(show_n, error)} [{notes[text]}]"
+    return f"missing{number}" if not cell.values else f"{cell.text(show_n, error)}{number}"
 
 
 def note_lines(notes: dict[str, int]) -> list[str]:
@@ -605,8 +611,7 @@ def _latex_cell(cell: Cell, show_n: bool, error: str = "domainbed", notes: dict[
     mean, spread = cell.number_texts(error)
     text = mean + (rf" $\pm$ {spread}" if spread else "")
     text += f" ({cell.n})" if show_n and cell.error_bar else ""
-    number = (notes or {}).get(cell.footnote) if cell.footnote else None
-    return text + "".join(LATEX_MARKS[m] for m in cell.marks) + (f" [{number}]" if number else "")
+    return text + "".join(LATEX_MARKS[m] for m in cell.marks) + _note_number(cell, notes or {})
 
 
 LATEX_PACKAGES = ("booktabs", "graphicx")
