@@ -208,6 +208,7 @@ n_trials = 1
 steps = {steps}
 checkpoint_freq = 2
 {eval_splits}
+{extra}
 
 [hparams]
 featurizer = "MLP"
@@ -219,10 +220,10 @@ PAIRS = [[0], [1], [2], [0, 1], [0, 2], [1, 2]]
 
 
 def launch(tmp_path: Path, name: str, eval_splits: str | None, algorithms=("ERM",), test_envs=PAIRS,
-           steps: int = 5) -> Path:
+           steps: int = 5, extra: str = "") -> Path:
     spec = tmp_path / f"{name}.toml"
     spec.write_text(SPEC.format(algorithms=json.dumps(list(algorithms)), test_envs=json.dumps(test_envs), steps=steps,
-                                eval_splits=f'eval_splits = "{eval_splits}"' if eval_splits else ""))
+                                eval_splits=f'eval_splits = "{eval_splits}"' if eval_splits else "", extra=extra))
     assert main(["-q", "sweep", "launch", "--spec", str(spec), "--output_dir", str(tmp_path / name),
                  "--data_dir", "embedded", "--launcher", "local", "--yes", "--no_progress"]) == 0
     return tmp_path / name
@@ -322,3 +323,25 @@ def test_final_single_runs_with_test_time_modes_give_the_same_cells_versus_and_p
     versus = pd.read_csv(io.StringIO(capsys.readouterr().out))
     differences = versus[[c for c in versus.columns if "diff" in c.lower()]]
     assert len(versus) and differences.notna().all().all() and (differences.to_numpy() == 0).all()
+
+
+def test_in_domain_test_splits_evaluated_at_the_end_give_the_same_cells_for_every_mode(tmp_path, capsys):
+    import pandas as pd
+
+    singles = [[0], [1], [2]]
+    dirs = {mode: launch(tmp_path, mode, mode, ("ERM", "DMG", "MultiHead"), singles, steps=7,
+                         extra="in_domain_test = 0.2") for mode in ("final", "all")}
+    capsys.readouterr()
+    # under final the checkpoints before the last skip the in-domain test splits, and the final
+    # evaluation adds them where a mode (known-domain prediction included) selected a checkpoint
+    records = [json.loads(line) for p in dirs["final"].glob("*/results.jsonl") for line in p.read_text().splitlines()]
+    assert all(not any(name.endswith("_idtest") for name in r["evaluated"]) for r in records if r["step"] != 6)
+    assert all(any(name.endswith("_idtest") for name in r["evaluated"]) for r in records if r["step"] == 6)
+    filled = [r for r in records if "evaluated_at_end" in r]
+    assert any(any(k.endswith("_idtest_acc_kd") for k in r) for r in filled)
+    cells = {mode: table_cells(d) for mode, d in dirs.items()}
+    assert cells["final"] == cells["all"]
+    indomain_rows = {row for key, row, _ in cells["all"] if key.endswith("/indomain")}
+    assert {"DMG", "DMG-KD", "DMG-MaskEns", "MultiHead", "MultiHead-KD"} <= indomain_rows
+    pd.testing.assert_frame_equal(collect_csv(dirs["final"], capsys, "--paired", "DMG:ERM"),
+                                  collect_csv(dirs["all"], capsys, "--paired", "DMG:ERM"))

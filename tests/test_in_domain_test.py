@@ -15,7 +15,7 @@ from domaingen.datasets import DATASETS, in_domain_test_splits, split_environmen
 from domaingen.datasets.splits import split_indices, three_way_indices
 from domaingen.errors import DomaingenError
 from domaingen.hparams import seed_hash
-from domaingen.run.eval_plan import in_domain_test_names, planned_splits
+from domaingen.run.eval_plan import evaluated_at_end, in_domain_test_names, planned_splits
 from domaingen.run.reload import evaluate_run, load_run
 from domaingen.run.rundir import RunDirectory
 from domaingen.run.training import TrainConfig, train
@@ -56,6 +56,15 @@ def test_eval_plan_adds_the_in_domain_test_splits():
     assert in_domain_test_names(3, [1], None) == []
     plan = planned_splits(0, 10, 5, 3, [1], "selection", None, names)
     assert plan[-2:] == names and "env0_in" not in plan
+    # final: only where the in-domain table (or a curve) reads them; the final evaluation adds them
+    assert planned_splits(5, 10, 5, 3, [1], "final", None, names) == ["env0_out", "env2_out"]
+    assert planned_splits(9, 10, 5, 3, [1], "final", None, names)[-2:] == names
+    assert planned_splits(5, 10, 5, 3, [1], "final", 1, names) == ["env0_in", "env0_out", "env2_in", "env2_out", *names]
+    assert evaluated_at_end("final", [1], names) == ["env1_in", "env1_out", *names]
+    # no final evaluation (two held-out environments, or selection): every checkpoint
+    assert planned_splits(5, 10, 5, 4, [1, 3], "final", None, ["env0_idtest", "env2_idtest"])[-2:] == [
+        "env0_idtest", "env2_idtest"]
+    assert evaluated_at_end("selection", [1], names) == [] and evaluated_at_end("final", [1, 2], names) == []
 
 
 @pytest.fixture(scope="module")
@@ -69,7 +78,13 @@ def idtest_run(tmp_path_factory):
 
 def test_records_hold_the_in_domain_test_accuracy_recomputed_from_the_weights(idtest_run):
     records = RunDirectory(idtest_run).records()
-    assert all({"env0_idtest_acc", "env2_idtest_acc"} <= set(r) for r in records)
+    # under the default `final`, a record holds them where the checkpoint, or the final
+    # evaluation of a selected checkpoint, evaluated them: the last and the selected ones
+    for r in records:
+        evaluated = {*r["evaluated"], *r.get("evaluated_at_end", [])}
+        assert ({"env0_idtest_acc", "env2_idtest_acc"} <= set(r)) == ({"env0_idtest", "env2_idtest"} <= evaluated)
+    best = max(records, key=lambda r: (np.mean([r["env0_out_acc"], r["env2_out_acc"]]), -r["step"]))
+    assert {"env0_idtest_acc", "env2_idtest_acc"} <= set(records[-1]) & set(best)
     assert "env1_idtest_acc" not in records[-1]
     loaded = load_run(idtest_run, "last")
     x, y = loaded.idtest[2].batch(slice(None))

@@ -35,9 +35,12 @@ environment three ways with the seeded permutation of the in/out split
 (datasets/splits.py): the validation split (`out`) is exactly the one a run without
 it has, the next int(n * f) examples are the in-domain test split, and training reads
 the rest. Records hold `env{i}_idtest_acc` (and per test-time mode) for the training
-environments at every checkpoint (eval_plan's extra splits); no selection method reads
-them, and the in-domain table reads only them, at the checkpoint selection chose, so its
-numbers are not biased by the selection that saw the `out` splits. f must lie in (0, 0.5)
+environments (eval_plan's extra splits); no selection method reads them, and the
+in-domain table reads only them, at the checkpoint selection chose, so its numbers are
+not biased by the selection that saw the `out` splits. Under `--eval_splits final` they
+are evaluated where that table reads them: at the last checkpoint, and by the final
+evaluation at each checkpoint that a prediction mode selected (`--train_in_every K` adds
+them at every K-th checkpoint, for curves); otherwise at every checkpoint. f must lie in (0, 0.5)
 and leave every class of a training environment in each of its three splits, else one
 line and exit status 2 before anything is written. With DomainNet the split is random
 too (its official per-domain test lists are not used).
@@ -55,7 +58,8 @@ official splits);
 the last checkpoint evaluates every split; and a *final evaluation* after it reloads the
 weights of the checkpoint that training-domain validation selected (selected.pt, kept
 anyway) and evaluates the held-out environment there, for the default prediction and for
-each test-time mode that selects its own checkpoint (DMG's mask ensemble). The final
+each test-time mode that selects its own checkpoint (DMG's mask ensemble), and the
+in-domain test splits, for every mode (known-domain prediction included). The final
 evaluation is a record of its own (`final.json`: which checkpoint, for which mode, its
 validation accuracy, the accuracies) and fills the selected checkpoint's record in
 results.jsonl (its `evaluated_at_end` field lists what it added), where `collect` reads
@@ -66,7 +70,7 @@ not change): leave-one-domain-out may select any of their checkpoints.
 `selection` evaluates every `out` split and the held-out `in` splits at every
 checkpoint, and the training environments' `in` splits at the last one; `all` every
 split at every checkpoint, as DomainBed does. `--train_in_every K` adds the training
-environments' `in` splits at every K-th checkpoint (counting step 0), for learning
+environments' `in` (and in-domain test) splits at every K-th checkpoint (counting step 0), for learning
 curves. Each record lists the splits it evaluated in `evaluated`.
 
 `collect` gives the same cells from `final`, `selection` and `all` runs of the same seeds

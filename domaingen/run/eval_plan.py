@@ -27,9 +27,12 @@ DomainBed does. With `final` or `selection`, `train_in_every` k adds the trainin
 environments' `in` splits at every k-th checkpoint, for learning curves.
 
 With an in-domain test split (`--in_domain_test`), its splits `env{i}_idtest` (training
-environments only) are an extra list of splits that every checkpoint evaluates
-(`in_domain_test_names`): no selection reads them, the in-domain table reads them at
-the checkpoint selection chose.
+environments only, `in_domain_test_names`) are read by no selection method, only by the
+in-domain table at the checkpoint that selection chose. Under `final` with one held-out
+environment they are evaluated like the held-out splits: at the last checkpoint, at every
+k-th checkpoint with `train_in_every` k (for curves), and by the final evaluation at each
+selected checkpoint, for every prediction mode, the known-domain ones included. Otherwise
+(`selection`, `all`, a run holding out several environments) every checkpoint evaluates them.
 """
 
 from __future__ import annotations
@@ -86,7 +89,8 @@ def planned_splits(
     extra_splits: Sequence[str] = (),
 ) -> list[str]:
     """The splits the checkpoint at `step` evaluates, as 'env{i}_{in|out}' in environment order,
-    then `extra_splits` (the in-domain test splits, `in_domain_test_names`).
+    then `extra_splits` (the in-domain test splits, `in_domain_test_names`), which a run with a
+    final evaluation (`defers_extra_splits`) evaluates only at its last and k-th checkpoints.
 
     The k-th checkpoints (train_in_every k) are those at steps that are multiples of
     k * checkpoint_freq, counting the one at step 0; the last checkpoint is always full.
@@ -95,6 +99,7 @@ def planned_splits(
     if eval_splits == "all" or step == steps - 1:
         return [split_name(env, part) for env in range(n_envs) for part in ("in", "out")] + list(extra_splits)
     every = train_in_every is not None and step % (train_in_every * checkpoint_freq) == 0
+    extras = list(extra_splits) if every or not defers_extra_splits(eval_splits, test_envs) else []
     held_out = set(test_envs)
     names = []
     for env in range(n_envs):
@@ -107,15 +112,22 @@ def planned_splits(
             if every:
                 names.append(split_name(env, "in"))
             names.append(split_name(env, "out"))
-    return names + list(extra_splits)
+    return names + extras
 
 
-def evaluated_at_end(eval_splits: str, test_envs: Sequence[int]) -> list[str]:
-    """The splits a run's final evaluation adds at its selected checkpoint (none unless `final`
-    with one held-out environment: the held-out environment's `in` and `out` splits)."""
-    if eval_splits != "final" or len(test_envs) != 1:
+def defers_extra_splits(eval_splits: str, test_envs: Sequence[int]) -> bool:
+    """Whether a run makes a final evaluation (`final` with one held-out environment), which then
+    also evaluates the extra splits (in-domain test) that its checkpoints before the last skip."""
+    return eval_splits == "final" and len(test_envs) == 1
+
+
+def evaluated_at_end(eval_splits: str, test_envs: Sequence[int], extra_splits: Sequence[str] = ()) -> list[str]:
+    """The splits a run's final evaluation adds at its selected checkpoints (none unless `final`
+    with one held-out environment: the held-out environment's `in` and `out` splits, then
+    `extra_splits`, the in-domain test splits)."""
+    if not defers_extra_splits(eval_splits, test_envs):
         return []
-    return [split_name(test_envs[0], "in"), split_name(test_envs[0], "out")]
+    return [split_name(test_envs[0], "in"), split_name(test_envs[0], "out"), *extra_splits]
 
 
 def null_fields(evaluated: Sequence[str], test_envs: Sequence[int]) -> dict[str, None]:

@@ -6,11 +6,13 @@ computed as `tables.selection` computes it, so both pick the same checkpoint, th
 earliest of equals): `selected.pt` for the algorithm's default prediction and, under
 `--eval_splits final`, `selected_{mode}.pt` for each test-time mode that predicts on a
 held-out environment (DMG's `mask_ens`), since a mode's table row selects its own
-checkpoint.
+checkpoint; with in-domain test splits (`--in_domain_test`) also for the modes that
+need the domain (known-domain prediction, `kd`), whose in-domain row reads them.
 
-Under `final` the held-out environment is not evaluated before the last checkpoint.
-The *final evaluation*, after the last checkpoint, loads each selected checkpoint's
-weights and evaluates the held-out `in` and `out` splits there. It is written twice:
+Under `final` the held-out environment, and the in-domain test splits, are not
+evaluated before the last checkpoint. The *final evaluation*, after the last
+checkpoint, loads each selected checkpoint's weights and evaluates the held-out `in`
+and `out` splits there, and the in-domain test splits. It is written twice:
 as a record of its own in `final.json` (which checkpoint, for which prediction mode,
 its validation accuracy, the accuracies, the seconds it took), and into the selected
 checkpoint's record in results.jsonl, whose null held-out fields it fills and whose
@@ -32,7 +34,7 @@ import torch
 
 from domaingen.algorithms.base import Algorithm
 from domaingen.datasets.base import MultiDomainDataset
-from domaingen.run.eval_plan import evaluated_at_end
+from domaingen.run.eval_plan import evaluated_at_end, in_domain_test_names
 from domaingen.run.evaluation import Predict, evaluate, training_domains
 from domaingen.run.rundir import FINAL, RunDirectory
 
@@ -53,12 +55,15 @@ def training_validation_accuracy(record: Mapping[str, Any], test_envs: Sequence[
     return float(np.mean(np.asarray([values], dtype=float), axis=1)[0])
 
 
-def selection_modes(algorithm: Algorithm, eval_splits: str, test_envs: Sequence[int]) -> list[str]:
+def selection_modes(algorithm: Algorithm, eval_splits: str, test_envs: Sequence[int],
+                    in_domain_test: bool = False) -> list[str]:
     """The prediction modes whose selected checkpoint the run keeps: the default one always; under
-    a final evaluation also each test-time mode defined on a held-out environment."""
+    a final evaluation also each test-time mode defined on a held-out environment, and with
+    in-domain test splits (which the final evaluation evaluates) every test-time mode."""
     if not evaluated_at_end(eval_splits, test_envs):
         return [DEFAULT_MODE]
-    return [DEFAULT_MODE] + [mode for mode, needs_domain in algorithm.EVAL_MODES.items() if not needs_domain]
+    return [DEFAULT_MODE] + [mode for mode, needs_domain in algorithm.EVAL_MODES.items()
+                             if in_domain_test or not needs_domain]
 
 
 def stored_selection(stored: Mapping[str, Any] | None) -> dict[str, dict[str, Any]]:
@@ -99,10 +104,13 @@ def _mode_of(field: str, modes: Sequence[str]) -> str:
 
 def final_evaluation(args: Mapping[str, Any], dataset: MultiDomainDataset, device: torch.device,
                      rundir: RunDirectory, splits: list, algorithm: Algorithm, predict: Predict | None,
-                     selected: Mapping[str, Mapping[str, Any]]) -> None:
-    """Evaluate the held-out splits at each selected checkpoint that is not the last (see the
-    module docstring); nothing to do unless `eval_splits` is final, or when already done."""
-    names = evaluated_at_end(args["eval_splits"], args["test_envs"])
+                     selected: Mapping[str, Mapping[str, Any]],
+                     idtest: Sequence[Any] | None = None) -> None:
+    """Evaluate the held-out splits, and the in-domain test splits `idtest` (one Split or None per
+    environment; None: the run has none), at each selected checkpoint that is not the last (see
+    the module docstring); nothing to do unless `eval_splits` is final, or when already done."""
+    extra_names = in_domain_test_names(len(splits), args["test_envs"], args.get("in_domain_test")) if idtest else []
+    names = evaluated_at_end(args["eval_splits"], args["test_envs"], extra_names)
     if not names or rundir.file(FINAL).exists():
         return
     started = time.perf_counter()
@@ -120,13 +128,14 @@ def final_evaluation(args: Mapping[str, Any], dataset: MultiDomainDataset, devic
             raise RuntimeError(f"{rundir.path}: the kept weights of the selected step {step} are missing")
         algorithm.load_state_dict(state["model"])
         accuracies = evaluate(algorithm, splits, device, args["resolved_precision"], dataset=dataset,
-                              env_domains=env_domains, predict=predict, only=names)
+                              env_domains=env_domains, predict=predict, only=names,
+                              extra={"idtest": idtest} if extra_names else None)
         kept = {k: v for k, v in accuracies.items() if _mode_of(k, every_mode) in modes}
         fills[step] = {**kept, "evaluated_at_end": names}
         entries.append({"step": step, "modes": [m or "default" for m in modes],
                         "val_acc": {m or "default": selected[m]["val_acc"] for m in modes}, **kept})
         log.info("final evaluation of step %d (%s): %s", step, ", ".join(m or "default" for m in modes),
-                 " ".join(f"{k}={v:.4f}" for k, v in kept.items() if re.fullmatch(r"env\d+_(in|out)_acc\w*", k)))
+                 " ".join(f"{k}={v:.4f}" for k, v in kept.items() if re.fullmatch(r"env\d+_(in|out|idtest)_acc\w*", k)))
     rundir.complete_records(fills)
     rundir.write_final({
         "evaluated": names,

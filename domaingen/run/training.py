@@ -402,24 +402,25 @@ def _train_loop(
     if emulated:
         log.warning(emulated)
     loggers = RunLoggers(run.loggers, rundir.path, start_step, hparams, args, run.identity())
+    idtest = _idtest_splits(run, dataset) if run.args.get("in_domain_test") else None
     try:
-        _steps(run, dataset, device, rundir, splits, algorithm, sampler, predict, start_step, selected, loggers)
+        _steps(run, dataset, device, rundir, splits, idtest, algorithm, sampler, predict, start_step, selected, loggers)
     finally:
         loggers.close()
-    final_evaluation(run.args, dataset, device, rundir, splits, algorithm, predict, selected)
+    final_evaluation(run.args, dataset, device, rundir, splits, algorithm, predict, selected, idtest)
     return rundir.records()
 
 
 def _steps(run: ResolvedRun, dataset: MultiDomainDataset, device: torch.device, rundir: RunDirectory,
-           splits: list, algorithm: Algorithm, sampler: Any, predict: CompiledPredict | None, start_step: int,
+           splits: list, idtest_splits: list | None, algorithm: Algorithm, sampler: Any, predict: CompiledPredict | None, start_step: int,
            selected: dict[str, dict[str, Any]], loggers: RunLoggers) -> None:
     args, hparams = run.args, run.hparams
-    modes = selection_modes(algorithm, args["eval_splits"], args["test_envs"])
+    modes = selection_modes(algorithm, args["eval_splits"], args["test_envs"], bool(args.get("in_domain_test")))
     full_batch = bool(hparams.get("full_batch", False))
     steps_per_epoch = 1.0 if full_batch else min(len(s_in) / hparams["batch_size"] for s_in, _ in splits)
     log.info("%s on %s, test envs %s, hparams %s", args["algorithm"], args["dataset"], args["test_envs"], hparams)
     env_domains = training_domains(len(splits), args["test_envs"])
-    idtest = {"idtest": _idtest_splits(run, dataset)} if args.get("in_domain_test") else None
+    idtest = {"idtest": idtest_splits} if idtest_splits else None
     idtest_names = in_domain_test_names(len(splits), args["test_envs"], args.get("in_domain_test"))
     pending: dict[str, list[float]] = {}
     for step in range(start_step, args["steps"]):
