@@ -110,3 +110,41 @@ def test_recorded_seconds_weigh_each_mean_step_time_by_the_steps_it_covers(tmp_p
     assert totals["steps"] == pytest.approx(1.0 + 50 * 0.2 + 50 * 0.4 + 0.5 + 9 * 0.1)
     assert totals["evaluations"] == pytest.approx(9.0)
     assert totals["final"] == pytest.approx(1.5)
+
+
+def test_gpu_jobs_times_local_then_each_jobs_per_gpu_and_divides_by_local(tmp_path):
+    from domaingen.bench.baseline import gpu_jobs_rows
+
+    walls = iter([100.0, 50.0, 40.0])
+    seen = []
+
+    def run_sweep(spec, out, launcher):
+        seen.append((tuple(launcher), "n_trials = 8" in Path(spec).read_text()))
+        return next(walls), 0.0
+
+    rows = gpu_jobs_rows("embedded", 24, 41, [1, 3], cuda_available=True, run_sweep=run_sweep)
+    assert seen == [(("--launcher", "local"), True),
+                    (("--launcher", "parallel", "--jobs_per_gpu", "1"), True),
+                    (("--launcher", "parallel", "--jobs_per_gpu", "3"), True)]
+    assert [r[1] for r in rows] == [
+        f"100.0 s, {24 * 3600 / 100:.0f} jobs per hour, 1.00x local",
+        f"50.0 s, {24 * 3600 / 50:.0f} jobs per hour, 2.00x local",
+        f"40.0 s, {24 * 3600 / 40:.0f} jobs per hour, 2.50x local",
+    ]
+    assert rows[2][0] == "24 ColoredMNIST MLP jobs of 41 steps, --launcher parallel --jobs_per_gpu 3"
+
+
+def test_gpu_jobs_without_cuda_or_with_a_bad_count_is_one_line_and_exit_2(capsys, monkeypatch):
+    import torch
+
+    from domaingen.bench.baseline import gpu_jobs_rows
+    from domaingen.bench.benchmarks import main as bench_main
+    from domaingen.errors import DomaingenError
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert bench_main(["--only", "gpujobs", "--data_dir", "embedded"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == ("domaingen.bench: --only gpujobs times sweeps on CUDA GPUs, and torch sees none here "
+                   "(torch.cuda.is_available() is False)")
+    with pytest.raises(DomaingenError, match=r"^--jobs_per_gpu takes values of at least 1, got \[0\]$"):
+        gpu_jobs_rows("embedded", jobs_per_gpu=[0], cuda_available=True)

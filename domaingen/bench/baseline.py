@@ -239,11 +239,12 @@ def _children_cpu() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def sweep_seconds(tree: Path, spec: Path, out: Path, data_dir: str) -> tuple[float, float]:
-    """Wall and CPU time of `domaingen sweep launch --launcher local` with the `domaingen` under `tree`
-    (imports included)."""
+def sweep_seconds(tree: Path, spec: Path, out: Path, data_dir: str,
+                  launcher: Sequence[str] = ("--launcher", "local")) -> tuple[float, float]:
+    """Wall and CPU time of `domaingen sweep launch` (by default `--launcher local`) with the
+    `domaingen` under `tree` (imports included)."""
     argv = [sys.executable, "-m", "domaingen", "-q", "sweep", "launch", "--spec", str(spec), "--output_dir", str(out),
-            "--launcher", "local", "--yes", "--no_progress", "--data_dir", data_dir]
+            *launcher, "--yes", "--no_progress", "--data_dir", data_dir]
     start, cpu_start = time.perf_counter(), _children_cpu()
     subprocess.run(argv, env=_env(tree), cwd=tree, check=True, capture_output=True)
     return time.perf_counter() - start, _children_cpu() - cpu_start
@@ -324,6 +325,43 @@ def jobs_rows(repo: Path, data_dir: str, n_jobs: int = 24, steps: int = 41, base
     return rows + breakdown_rows(new[-1], recorded, startup)
 
 
+def gpu_jobs_rows(data_dir: str, n_jobs: int = 24, steps: int = 41, jobs_per_gpu: Sequence[int] = (1, 2, 4),
+                  cuda_available: bool | None = None, run_sweep: Any = None) -> list[list]:
+    """Issue 29's GPU note: the sweep of `jobs_rows` (this tree only) on the visible CUDA GPUs, once
+    with `--launcher local` (one job at a time) and once per K of `jobs_per_gpu` with `--launcher
+    parallel --jobs_per_gpu K`: wall time, jobs per hour and the speed-up over local.
+
+    `run_sweep(spec, out, launcher_args) -> (wall, cpu)` replaces `sweep_seconds` (tests)."""
+    import torch
+
+    from domaingen.errors import DomaingenError
+
+    available = torch.cuda.is_available() if cuda_available is None else cuda_available
+    if not available:
+        raise DomaingenError("--only gpujobs times sweeps on CUDA GPUs, and torch sees none here "
+                             "(torch.cuda.is_available() is False)")
+    if not jobs_per_gpu or any(k < 1 for k in jobs_per_gpu):
+        raise DomaingenError(f"--jobs_per_gpu takes values of at least 1, got {list(jobs_per_gpu)}")
+    here = Path(__file__).resolve().parents[2]
+    run_sweep = run_sweep or (lambda spec, out, launcher: sweep_seconds(here, spec, out, data_dir, launcher))
+    n_trials = max(1, n_jobs // 3)
+    n = 3 * n_trials
+    settings = [("--launcher local", ("--launcher", "local"))] + [
+        (f"--launcher parallel --jobs_per_gpu {k}", ("--launcher", "parallel", "--jobs_per_gpu", str(k)))
+        for k in jobs_per_gpu]
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="domaingen-gpujobs-") as tmp:
+        spec = Path(tmp) / "jobs.toml"
+        spec.write_text(JOBS_SPEC.format(n_trials=n_trials, steps=steps))
+        local = None
+        for i, (label, launcher) in enumerate(settings):
+            wall, _ = run_sweep(spec, Path(tmp) / f"sweep{i}", launcher)
+            local = wall if local is None else local
+            rows.append([f"{n} ColoredMNIST MLP jobs of {steps} steps, {label}",
+                         f"{wall:.1f} s, {n * 3600 / wall:.0f} jobs per hour, {local / wall:.2f}x local"])
+    return rows
+
+
 def load_line() -> str:
     """The load averages (1, 5, 15 minutes), to print beside timings taken on a shared machine."""
     try:
@@ -375,4 +413,5 @@ def main_rows(section: str, data_dir: str, steps: int, baseline: str, n_jobs: in
     return rows
 
 
-__all__: Sequence[str] = ("baseline_commit", "estimate", "fullrun_rows", "jobs_rows", "main_rows", "probe")
+__all__: Sequence[str] = ("baseline_commit", "estimate", "fullrun_rows", "gpu_jobs_rows", "jobs_rows", "main_rows",
+                          "probe")

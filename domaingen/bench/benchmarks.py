@@ -1,6 +1,6 @@
 """`make bench`: the speed and memory figures the issues ask for (not timed assertions).
 
-Run with DOMAINGEN_DATA pointing at real MNIST: python -m domaingen.bench [--only training|floor|fullrun|jobs|bookkeeping|overhead|images|dmg|report|diagnose|batching|peer --peer DIR]
+Run with DOMAINGEN_DATA pointing at real MNIST: python -m domaingen.bench [--only training|floor|fullrun|jobs|bookkeeping|overhead|images|dmg|report|diagnose|batching|peer --peer DIR|gpujobs --jobs_per_gpu K ...]
 
 `fullrun` and `jobs` compare this tree with a baseline commit (--baseline, default main or,
 where main already has issue 17's change, the commit before it) measured in the same run
@@ -667,8 +667,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--skip_fp32_eval", action="store_true", help="the fp32 evaluation takes minutes on 2 cores")
     parser.add_argument("--only", choices=["training", "floor", "fullrun", "jobs", "bookkeeping", "overhead", "images",
-                                           "dmg", "report", "diagnose", "peer", "batching"], default=None,
-                        help="one section (default: all but peer)")
+                                           "dmg", "report", "diagnose", "peer", "batching", "gpujobs"], default=None,
+                        help="one section (default: all but peer and gpujobs)")
     parser.add_argument("--peer", default=None, metavar="DIR",
                         help="peer: a DomainBed checkout to time beside domaingen (see domaingen.bench.peer)")
     parser.add_argument("--peer_steps", type=int, default=101, help="peer: steps of each run")
@@ -680,6 +680,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--jobs", type=int, default=24, help="jobs: how many short MLP jobs the compared sweeps run")
     parser.add_argument("--job_steps", type=int, nargs="+", default=[41],
                         help="jobs: the steps of each short job (several: a comparison for each)")
+    parser.add_argument("--jobs_per_gpu", type=int, nargs="+", default=[1, 2, 4],
+                        help="gpujobs: the jobs sweep with --launcher parallel --jobs_per_gpu K for each K "
+                             "(beside --launcher local), on the visible CUDA GPUs")
     parser.add_argument("--repeats", type=int, default=1,
                         help="jobs: sweeps of each tree, alternating; the ratio is of the medians")
     parser.add_argument("--overhead", nargs="+", default=["ERM+ModReg"],
@@ -708,6 +711,17 @@ def main(argv: list[str] | None = None) -> int:
         except DomaingenError as exc:
             print(f"domaingen.bench: {exc}", file=sys.stderr)
             return 2
+        print(tabulate(rows, headers=["measure", "value"]))
+        return 0
+    if ns.only == "gpujobs":
+        from domaingen.bench.baseline import gpu_jobs_rows, header_rows
+
+        try:
+            rows = header_rows() + gpu_jobs_rows(data_dir, ns.jobs, ns.job_steps[0], ns.jobs_per_gpu)
+        except DomaingenError as exc:
+            print(f"domaingen.bench: {exc}", file=sys.stderr)
+            return 2
+        rows.insert(0, ["GPU", torch.cuda.get_device_name(0)])
         print(tabulate(rows, headers=["measure", "value"]))
         return 0
     print(f"device {resolve_device('auto')}, {torch.get_num_threads()} torch threads, torch {torch.__version__}")
