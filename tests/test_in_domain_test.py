@@ -147,3 +147,44 @@ def test_a_split_left_without_some_class_is_one_line_and_exit_2(tmp_path, capsys
     assert code == 2 and not out.exists()
     assert len(err.splitlines()) == 1
     assert "the in-domain test split of environment 0 (+90%) has no example of class 0: 0 of" in err
+
+
+def _timeless(records):
+    return [{**{k: v for k, v in r.items() if k not in ("step_time", "eval_time", "mem_gb", "args")},
+             "args": {k: v for k, v in r["args"].items() if k != "output_dir"}} for r in records]
+
+
+def test_an_interrupted_dmg_run_resumes_to_the_same_records_and_final_evaluation(tmp_path, monkeypatch):
+    # the known-domain mode's selected checkpoint (kept for its in-domain test numbers) survives a resume
+    from domaingen.run import training
+
+    kw = dict(dataset="ColoredMNIST", algorithm="DMG", test_envs=[1], data_dir="embedded",
+              hparams={**FAST_HPARAMS, "lr": 0.01}, steps=13, checkpoint_freq=2, in_domain_test=0.2)
+    train(TrainConfig(output_dir=str(tmp_path / "straight"), **kw))
+    calls = {"n": 0}
+    real_evaluate = training.evaluate
+
+    def evaluate_then_die(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 7:  # after the checkpoints at steps 0 to 10, the one every mode selects among them
+            raise KeyboardInterrupt
+        return real_evaluate(*args, **kwargs)
+
+    monkeypatch.setattr(training, "evaluate", evaluate_then_die)
+    with pytest.raises(KeyboardInterrupt):
+        train(TrainConfig(output_dir=str(tmp_path / "resumed"), **kw))
+    monkeypatch.setattr(training, "evaluate", real_evaluate)
+    train(TrainConfig(output_dir=str(tmp_path / "resumed"), **kw))
+    straight, resumed = RunDirectory(tmp_path / "straight"), RunDirectory(tmp_path / "resumed")
+    assert _timeless(resumed.records()) == _timeless(straight.records())
+    finals = [json.loads((d / "final.json").read_text()) for d in (tmp_path / "straight", tmp_path / "resumed")]
+    assert [{k: v for k, v in f.items() if k != "seconds"} for f in finals][0] == \
+        {k: v for k, v in finals[1].items() if k != "seconds"}
+    assert finals[0]["evaluated"] == ["env1_in", "env1_out", "env0_idtest", "env2_idtest"]
+    assert finals[0]["checkpoints"] and {"default", "mask_ens", "kd"} <= {m for c in finals[0]["checkpoints"]
+                                                                           for m in c["modes"]}
+    # each mode's in-domain numbers sit at the checkpoint its own validation selects, as collect reads them
+    for suffix in ("", "_mask_ens", "_kd"):
+        rows = straight.records()
+        best = max(rows, key=lambda r: (np.mean([r[f"env0_out_acc{suffix}"], r[f"env2_out_acc{suffix}"]]), -r["step"]))
+        assert best.get(f"env0_idtest_acc{suffix}") is not None and best.get(f"env2_idtest_acc{suffix}") is not None
