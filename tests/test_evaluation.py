@@ -124,3 +124,35 @@ def test_only_convolutional_networks_get_channels_last_batches_and_predictions_d
         assert torch.equal(mlp.predict(x), mlp.predict(x.contiguous(memory_format=torch.channels_last)))
         expected = int((mlp.predict(x).argmax(1) == env.y).sum()) / 300
     assert mlp_acc["env0_in_acc"] == mlp_acc["env0_out_acc"] == expected
+
+
+class TwoModeModel(LinearModel):
+    """LinearModel with a test-time mode ('negated': the logits negated) and `predict_modes`, counting its calls."""
+
+    EVAL_MODES = {"negated": False}
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[list] = []
+
+    def predict_mode(self, x: torch.Tensor, mode: str, domain=None) -> torch.Tensor:
+        return -self.linear(x)
+
+    def predict_modes(self, x: torch.Tensor, modes, domain=None) -> list[torch.Tensor]:
+        self.calls.append(list(modes))
+        return [self.predict(x) if mode is None else self.predict_mode(x, mode) for mode in modes]
+
+
+def test_evaluation_reads_each_batch_once_for_every_mode():
+    torch.manual_seed(0)
+    model = TwoModeModel()
+    splits = [(_split(300, 1), _split(75, 2))]
+    results = evaluate(model, splits, torch.device("cpu"))
+    assert model.calls == [[None, "negated"]] * 4  # 128 + 128 + 44, 75: four batches, both modes each
+    with torch.no_grad():
+        for name, split in (("in", splits[0][0]), ("out", splits[0][1])):
+            x, y = split.batch(slice(None))
+            logits = model.linear(x.float())
+            assert results[f"env0_{name}_acc"] == int((logits.argmax(1) == y).sum()) / len(y)
+            assert results[f"env0_{name}_acc_negated"] == int(((-logits).argmax(1) == y).sum()) / len(y)
+    assert list(results) == ["env0_in_acc", "env0_out_acc", "env0_in_acc_negated", "env0_out_acc_negated"]

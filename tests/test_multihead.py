@@ -110,3 +110,36 @@ def test_unknown_mode_names_the_valid_one():
 def test_wrong_number_of_minibatches_is_refused():
     with pytest.raises(DomaingenError, match="built for 3 training domains but got 2"):
         mlp_multihead().update(separable_batches(SHAPE, n=4, domains=2))
+
+
+@pytest.mark.parametrize("name", ["MultiHead", "MultiHead+ModReg", "MultiHead+EMA"])
+def test_every_mode_from_one_featurizer_pass_equals_each_mode_alone(name):
+    from domaingen.run.evaluation import split_mode_predictions
+
+    algorithm = mlp_multihead(name)
+    batches = separable_batches(SHAPE, n=8)
+    for _ in range(2):
+        algorithm.update([(x, y % 3) for x, y in batches])
+    algorithm.eval()
+    x = torch.cat([xb for xb, _ in batches])
+    per_example = torch.arange(len(x)) % NUM_DOMAINS
+    passes = []
+    algorithm.featurizer.register_forward_hook(lambda *_: passes.append(1))
+    with torch.no_grad():
+        for domain in (1, per_example):
+            default, kd = algorithm.predict_modes(x, [None, "kd"], domain)
+            assert len(passes) == 1
+            assert torch.equal(default, algorithm.predict(x)) and torch.equal(kd, algorithm.predict_mode(x, "kd", domain))
+            assert torch.equal(algorithm.predict_modes(x, ["kd", None], domain)[0], kd)
+            passes.clear()
+        assert torch.equal(algorithm.predict_modes(x, [None])[0], algorithm.predict(x))
+        # evaluation reads each batch once and predicts every mode from it
+        passes.clear()
+        labels = torch.cat([yb % 3 for _, yb in batches])
+        (pred_default, pred_kd), seen = split_mode_predictions(algorithm, [(x, labels)], torch.device("cpu"),
+                                                               modes=[None, "kd"], domain=2)
+        assert len(passes) == 1 and torch.equal(seen, labels)
+        assert torch.equal(pred_default, algorithm.predict(x).argmax(1))
+        assert torch.equal(pred_kd, algorithm.predict_mode(x, "kd", 2).argmax(1))
+    with pytest.raises(DomaingenError, match="needs domain="):
+        algorithm.predict_modes(x, [None, "kd"])

@@ -108,6 +108,14 @@ class Algorithm(nn.Module):
         """Logits for `x` in one of `EVAL_MODES`; `domain` is the training-domain index for modes that need it."""
         raise DomaingenError(f"{type(self).__name__} has no test-time mode '{mode}'")
 
+    def predict_modes(
+        self, x: torch.Tensor, modes: Sequence[str | None], domain: int | torch.Tensor | None = None
+    ) -> list[torch.Tensor]:
+        """Logits for `x` in each of `modes` (None: the default `predict`), as evaluation asks for
+        them: every mode of one batch at once. By default one call per mode; a method whose modes
+        share work (MultiHead's heads share one featurizer pass) overrides it, with the same logits."""
+        return [self.predict(x) if mode is None else self.predict_mode(x, mode, domain) for mode in modes]
+
     def diagnostics(self) -> dict[str, Any]:
         """Extra fields written into every results record (e.g. mask statistics); none by default."""
         return {}

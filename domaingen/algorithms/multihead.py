@@ -10,6 +10,8 @@ what `network(x)` computes, so every tool that runs the network sees the OOD pre
 
 from __future__ import annotations
 
+from typing import Sequence
+
 import torch
 from torch import nn
 
@@ -81,6 +83,24 @@ class MultiHead(FeaturizerClassifier):
         """Logits in the `kd` mode: each example through its domain's head (`domain`: one index or one per example)."""
         if mode != "kd":
             raise DomaingenError(f"MultiHead has no test-time mode '{mode}'; valid modes: kd")
+        index = self._domain_index(domain, x)
+        every = self.classifier.all_logits(self.featurizer(x))
+        return every[index, torch.arange(x.shape[0], device=x.device)]
+
+    def predict_modes(
+        self, x: torch.Tensor, modes: Sequence[str | None], domain: int | torch.Tensor | None = None
+    ) -> list[torch.Tensor]:
+        """The default and known-domain logits from one featurizer pass: the same numbers as
+        `predict` and `predict_mode`, which make one pass each."""
+        if any(mode not in (None, "kd") for mode in modes) or ("kd" in modes and domain is None):
+            return super().predict_modes(x, modes, domain)
+        index = self._domain_index(domain, x) if "kd" in modes else None
+        every = self.classifier.all_logits(self.featurizer(x))
+        return [every.mean(0) if mode is None else every[index, torch.arange(x.shape[0], device=x.device)]
+                for mode in modes]
+
+    def _domain_index(self, domain: int | torch.Tensor | None, x: torch.Tensor) -> torch.Tensor:
+        """`domain` (one index, or one per example of `x`) as a checked [n] index tensor."""
         if domain is None:
             raise DomaingenError("MultiHead's known-domain (kd) mode needs domain= a training-domain index or one per example")
         index = torch.as_tensor(domain, device=x.device)
@@ -93,5 +113,4 @@ class MultiHead(FeaturizerClassifier):
             raise DomaingenError(
                 f"domain index out of range: MultiHead was trained on {self.num_domains} domains "
                 f"(valid indices 0..{self.num_domains - 1})")
-        every = self.classifier.all_logits(self.featurizer(x))
-        return every[index, torch.arange(x.shape[0], device=x.device)]
+        return index

@@ -118,18 +118,39 @@ def split_predictions(
     `mode` names one of the algorithm's EVAL_MODES (None: its default `predict`, or
     `predict` when given, e.g. a `CompiledPredict`).
     """
-    predicted, labels = [], []
-    default_predict = predict or algorithm.predict
+    predicted, labels = split_mode_predictions(algorithm, batches, device, precision, [mode], domain, predict)
+    return predicted[0], labels
+
+
+def split_mode_predictions(
+    algorithm: Algorithm,
+    batches: Iterable[tuple[torch.Tensor, torch.Tensor]],
+    device: torch.device,
+    precision: str = "fp32",
+    modes: Sequence[str | None] = (None,),
+    domain: int | None = None,
+    predict: Predict | None = None,
+) -> tuple[list[torch.Tensor], torch.Tensor]:
+    """([predicted labels per mode], true labels) over `batches`, on the CPU, reading each batch
+    once for every mode (`Algorithm.predict_modes`; None: the default prediction, or `predict`
+    when given, e.g. a `CompiledPredict`)."""
+    predicted: list[list[torch.Tensor]] = [[] for _ in modes]
+    labels = []
     channels_last = has_convolutions(algorithm)
     for x, y in batches:
         with autocast_context(device, precision):
             x = to_device(x, device, channels_last)
-            logits = default_predict(x) if mode is None else algorithm.predict_mode(x, mode, domain)
-        predicted.append(predicted_labels(logits.float()).cpu())
+            if predict is None and hasattr(algorithm, "predict_modes"):
+                logits = algorithm.predict_modes(x, modes, domain)
+            else:  # a compiled default prediction, or a model with only predict (and predict_mode)
+                default = predict or algorithm.predict
+                logits = [default(x) if mode is None else algorithm.predict_mode(x, mode, domain) for mode in modes]
+        for kept, mode_logits in zip(predicted, logits):
+            kept.append(predicted_labels(mode_logits.float()).cpu())
         labels.append(y.cpu())
-    if not predicted:
-        return torch.zeros(0, dtype=torch.long), torch.zeros(0, dtype=torch.long)
-    return torch.cat(predicted), torch.cat(labels)
+    if not labels:
+        return [torch.zeros(0, dtype=torch.long) for _ in modes], torch.zeros(0, dtype=torch.long)
+    return [torch.cat(kept) for kept in predicted], torch.cat(labels)
 
 
 def _slices(split: Split, batch_size: int) -> Iterable[tuple[torch.Tensor, torch.Tensor]]:
@@ -202,17 +223,20 @@ def evaluate(
                 kinds = [("in", split_in), ("out", split_out)]
                 kinds += [(kind, per_env[i]) for kind, per_env in (extra or {}).items() if per_env[i] is not None]
                 wanted = [(name, split) for name, split in kinds if only is None or f"env{i}_{name}" in only]
-                for mode, suffix in modes:
-                    predicted = []
-                    for name, split in wanted:
-                        batches = dataset.eval_batches(split, batch_size) if dataset is not None else _slices(split, batch_size)
-                        pred, labels = split_predictions(algorithm, batches, device, precision, mode, domain, predict)
-                        accuracy = int((pred == labels).sum()) / len(split) if len(split) else float("nan")
+                # every mode of a batch at once: each split is read (decoded, for images) once
+                per_split = []
+                for name, split in wanted:
+                    batches = dataset.eval_batches(split, batch_size) if dataset is not None else _slices(split, batch_size)
+                    per_split.append(split_mode_predictions(algorithm, batches, device, precision,
+                                                            [mode for mode, _ in modes], domain, predict))
+                for m, (mode, suffix) in enumerate(modes):
+                    for (name, split), (preds, labels) in zip(wanted, per_split):
+                        accuracy = int((preds[m] == labels).sum()) / len(split) if len(split) else float("nan")
                         results[f"env{i}_{name}_acc{suffix}"] = accuracy
-                        predicted.append(pred)
                     if dataset is not None and mode is None and [n for n, _ in wanted[:2]] == ["in", "out"]:
                         index = torch.cat([split_in.index, split_out.index])
-                        results.update(dataset.environment_metrics(i, index, torch.cat(predicted[:2])))
+                        default = [preds[0] for preds, _ in per_split[:2]]
+                        results.update(dataset.environment_metrics(i, index, torch.cat(default)))
     finally:
         algorithm.train(was_training)
     return results
