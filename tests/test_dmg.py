@@ -180,8 +180,22 @@ def test_pred_ens_tiled_pass_equals_loop_over_known_domains_on_the_cnn(monkeypat
     with torch.no_grad():
         loop = torch.stack([algorithm.predict(x, domain=d) for d in range(NUM_DOMAINS)]).mean(0)
         torch.testing.assert_close(algorithm.predict(x), loop, rtol=1e-4, atol=1e-5)
-        monkeypatch.setattr("domaingen.algorithms.dmg.PRED_ENS_MAX_ROWS", 6)  # two examples per tiled pass
+        monkeypatch.setattr("domaingen.algorithms.dmg.PRED_ENS_CPU_ROWS", 6)  # two examples per tiled pass
         torch.testing.assert_close(algorithm.predict(x), loop, rtol=1e-4, atol=1e-5)
+
+
+def test_pred_ens_passes_are_cache_sized_on_a_cpu():
+    from domaingen.algorithms.dmg import PRED_ENS_CPU_ROWS, PRED_ENS_MAX_ROWS, pred_ens_rows
+
+    assert pred_ens_rows(torch.device("cpu")) == PRED_ENS_CPU_ROWS == 128
+    assert pred_ens_rows(torch.device("cuda")) == PRED_ENS_MAX_ROWS == 4096
+    algorithm = build("DMG", CNN_SHAPE, num_classes=3, seed=0).eval()
+    rows = []
+    algorithm.classifier.register_forward_hook(lambda module, args, out: rows.append(len(out)))
+    x = separable_batches(CNN_SHAPE, n=100, seed=3)[0][0]
+    with torch.no_grad():
+        algorithm.predict(x)
+    assert NUM_DOMAINS == 3 and rows == [3 * 42, 3 * 42, 3 * 16]  # 128 // 3 = 42 examples a pass: 42 + 42 + 16
 
 
 def test_known_domain_mode_uses_the_given_domain():

@@ -35,8 +35,17 @@ from domaingen.networks import MLP, MNIST_CNN, TwoLayer
 
 MODES = ("pred_ens", "mask_ens", "kd")
 # Pred-Ens tiles a batch over the domains from the first masked layer on; this bounds the rows
-# of one tiled pass (memory), splitting larger batches.
+# of one tiled pass (memory), splitting larger batches. On a CPU the bound is cache-sized, as
+# evaluation's CPU batches are (run.evaluation.CPU_EVAL_BATCH_SIZE): a 128-image MNIST_CNN batch
+# tiled over 5 domains (640 rows) streams its activations through memory, and passes of 125 rows
+# took 0.70x the time (2 vCPUs of an AMD EPYC Zen 3, 1 thread; results/benchmarks.md).
 PRED_ENS_MAX_ROWS = 4096
+PRED_ENS_CPU_ROWS = 128
+
+
+def pred_ens_rows(device: torch.device) -> int:
+    """The most rows of one tiled Pred-Ens pass on `device` (examples x domains)."""
+    return PRED_ENS_CPU_ROWS if device.type == "cpu" else PRED_ENS_MAX_ROWS
 
 
 def auto_mask_layers(featurizer: nn.Module) -> list[str]:
@@ -196,7 +205,7 @@ class DMG(FeaturizerClassifier):
             return self._masked_forward(x, [p[index] for p in probs])
         if mode == "mask_ens":
             return self._masked_forward(x, [p.mean(0).expand(n, -1) for p in probs])
-        chunk = max(1, PRED_ENS_MAX_ROWS // self.num_domains)
+        chunk = max(1, pred_ens_rows(x.device) // self.num_domains)
         return torch.cat([self._pred_ens(part, probs) for part in x.split(chunk)]) if n else self._pred_ens(x, probs)
 
     def _pred_ens(self, x: torch.Tensor, probs: Sequence[torch.Tensor]) -> torch.Tensor:
