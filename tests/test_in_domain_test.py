@@ -188,3 +188,16 @@ def test_an_interrupted_dmg_run_resumes_to_the_same_records_and_final_evaluation
         rows = straight.records()
         best = max(rows, key=lambda r: (np.mean([r[f"env0_out_acc{suffix}"], r[f"env2_out_acc{suffix}"]]), -r["step"]))
         assert best.get(f"env0_idtest_acc{suffix}") is not None and best.get(f"env2_idtest_acc{suffix}") is not None
+
+
+def test_a_checkpoint_without_its_runs_in_domain_test_reads_nan_not_the_selection_split():
+    from domaingen.tables.selection import _in_domain_acc, runs_with_in_domain_test
+
+    records = pd.DataFrame({
+        "test_env": [1, 1, 1], "in_domain_test": [0.1, 0.1, None],
+        "env0_out_acc": [0.5, 0.6, 0.7], "env2_out_acc": [0.7, 0.8, 0.9],
+        "env0_idtest_acc": [0.2, None, None], "env2_idtest_acc": [0.4, None, None],
+    })
+    assert runs_with_in_domain_test(records).tolist() == [True, True, False]
+    got = _in_domain_acc(records, "out", 3)
+    assert got[0] == pytest.approx(0.3) and np.isnan(got[1]) and got[2] == pytest.approx(0.8)

@@ -40,6 +40,7 @@ from domaingen.tables.selection import (
     METHOD_TITLES,
     check_hparams_choice,
     has_in_domain_test,
+    runs_with_in_domain_test,
     select,
 )
 from domaingen.tables.wilds_selection import WILDS_PREFIX, wilds_metric_columns, wilds_select
@@ -279,8 +280,7 @@ def in_domain_split_label(records: pd.DataFrame, method: str) -> str:
     own = "training envs' in (training) splits" if method == "last" else "training envs' out splits: the selection split"
     if not has_in_domain_test(records):
         return own
-    columns = [c for c in records.columns if c.startswith("env") and c.endswith("_idtest_acc")]
-    with_test = records[columns].notna().any(axis=1)
+    with_test = pd.Series(runs_with_in_domain_test(records), index=records.index)
     fractions = sorted({float(f) for f in records.loc[with_test, "in_domain_test"] if pd.notna(f)}) \
         if "in_domain_test" in records else []
     shown = "/".join(f"{f:g}" for f in fractions)

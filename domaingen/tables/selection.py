@@ -89,19 +89,31 @@ def _mean_over_training_envs(records: pd.DataFrame, split: str, n_envs: int) -> 
 
 
 def _in_domain_acc(records: pd.DataFrame, fallback: str, n_envs: int) -> np.ndarray:
-    """Per row, the in-domain accuracy: the mean over its training environments of their in-domain
-    test splits (`idtest`, a run with --in_domain_test), else of the `fallback` split ('out' or 'in')."""
+    """Per row, the in-domain accuracy: for a run with --in_domain_test, the mean over its training
+    environments of their in-domain test splits (`idtest`; NaN at a checkpoint that did not
+    evaluate them), else of the `fallback` split ('out' or 'in')."""
     own = _mean_over_training_envs(records, fallback, n_envs)
     if not any(f"env{i}_idtest_acc" in records.columns for i in range(n_envs)):
         return own
     idtest = _mean_over_training_envs(records, "idtest", n_envs)
-    return np.where(np.isnan(idtest), own, idtest)
+    return np.where(runs_with_in_domain_test(records), idtest, own)
+
+
+def runs_with_in_domain_test(records: pd.DataFrame) -> np.ndarray:
+    """Per row, whether its run has in-domain test splits: its `in_domain_test` argument where
+    records carry it, else whether the row holds an in-domain test accuracy. Per run, not per
+    checkpoint: under `--eval_splits final` most checkpoints do not evaluate the splits."""
+    columns = [c for c in records.columns if c.startswith("env") and c.endswith("_idtest_acc")]
+    held = records[columns].notna().any(axis=1).to_numpy() if columns else np.zeros(len(records), dtype=bool)
+    if "in_domain_test" not in records:
+        return held
+    fraction = pd.to_numeric(records["in_domain_test"], errors="coerce").to_numpy(dtype=float)
+    return np.where(np.isnan(fraction), held, fraction > 0)
 
 
 def has_in_domain_test(records: pd.DataFrame) -> bool:
-    """Whether some record holds an in-domain test accuracy (a run with --in_domain_test)."""
-    columns = [c for c in records.columns if c.startswith("env") and c.endswith("_idtest_acc")]
-    return bool(columns) and bool(records[columns].notna().any().any())
+    """Whether some run of `records` has in-domain test splits (--in_domain_test)."""
+    return bool(runs_with_in_domain_test(records).any())
 
 
 def _test_acc(records: pd.DataFrame, split: str, n_envs: int) -> np.ndarray:
