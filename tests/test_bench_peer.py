@@ -111,3 +111,39 @@ def test_a_peer_whose_train_py_fails_is_one_line_exit_2(tmp_path, capsys):
     assert code == 2 and len(err.strip().splitlines()) == 1
     assert "domainbed.scripts.train failed: ModuleNotFoundError: No module named 'a_module_nobody_has'" in err
     assert "must import in this Python" in err and "log:" not in err
+
+
+def test_several_variants_share_one_domainbed_run(tmp_path, monkeypatch):
+    """`--peer_args` repeated: each domaingen variant gets its own rows and projection against the same two
+    DomainBed children, and the children alternate DomainBed, variant 1, variant 2 for A, then for B."""
+    (tmp_path / "DomainBed" / "domainbed" / "scripts").mkdir(parents=True)
+    (tmp_path / "DomainBed" / "domainbed" / "scripts" / "train.py").write_text("")
+    costs = {"DomainBed": (2.0, 0.1, 3.0), "domaingen": (1.0, 0.05, 1.0), "domaingen --precision bf16": (1.0, 0.02, 0.5)}
+    order = []
+
+    def fake_child(command, env, cwd, log_path):
+        if "domainbed.scripts.train" in command:
+            tool = "DomainBed"
+        else:
+            tool = "domaingen --precision bf16" if "--precision" in command else "domaingen"
+        steps = int(command[command.index("--steps") + 1])
+        freq = int(command[command.index("--checkpoint_freq") + 1])
+        order.append((tool, freq))
+        out = Path(command[command.index("--output_dir") + 1])
+        checks = [s for s in range(steps) if s % freq == 0 or s == steps - 1]
+        fixed, step, check = costs[tool]
+        out.mkdir(parents=True)
+        (out / "results.jsonl").write_text("".join(json.dumps({"step": s, "step_time": step}) + "\n" for s in checks))
+        return fixed + steps * step + len(checks) * check, 1.0, 0.5
+
+    monkeypatch.setattr(peer, "timed_child", fake_child)
+    rows = dict((r[0], r[1]) for r in peer.peer_rows(str(tmp_path / "DomainBed"), str(tmp_path), 101, 50,
+                                                    variants=[[], ["--precision", "bf16"]]))
+    assert order == [(tool, freq) for freq in (50, 102) for tool in costs]
+    full = {tool: fixed + 5001 * step + 51 * check for tool, (fixed, step, check) in costs.items()}
+    for name in ("domaingen", "domaingen --precision bf16"):
+        line = rows[f"full run projection (5001 steps, 51 checkpoints): DomainBed / {name}"]
+        assert line == (f"{full['DomainBed'] / 60:.1f} min / {full[name] / 60:.1f} min = "
+                        f"{full['DomainBed'] / full[name]:.2f}x")
+    with pytest.raises(DomaingenError, match="--peer_args names one domaingen variant twice: domaingen, domaingen$"):
+        peer.peer_rows(str(tmp_path / "DomainBed"), str(tmp_path), variants=[[], []])

@@ -673,7 +673,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="peer: a DomainBed checkout to time beside domaingen (see domaingen.bench.peer)")
     parser.add_argument("--peer_steps", type=int, default=101, help="peer: steps of each run")
     parser.add_argument("--peer_freq", type=int, default=50, help="peer: checkpoint frequency of the A runs")
-    parser.add_argument("--peer_args", default="", help="peer: more `domaingen train` flags, e.g. '--precision bf16'")
+    parser.add_argument("--peer_args", action="append", default=None, metavar="FLAGS",
+                        help="peer: more `domaingen train` flags, e.g. '--precision bf16'; repeat it to time several "
+                             "domaingen variants against one DomainBed run ('' is the defaults)")
     parser.add_argument("--baseline", default="main",
                         help="fullrun, jobs: the commit to compare with, as given (default: main, or where main "
                              "already has --eval_splits, the commit before it was added)")
@@ -707,7 +709,8 @@ def main(argv: list[str] | None = None) -> int:
 
         try:
             check_peer(ns.peer)
-            rows = peer_rows(ns.peer, data_dir, ns.peer_steps, ns.peer_freq, shlex.split(ns.peer_args))
+            variants = [shlex.split(flags) for flags in (ns.peer_args or [""])]
+            rows = peer_rows(ns.peer, data_dir, ns.peer_steps, ns.peer_freq, variants=variants)
         except DomaingenError as exc:
             print(f"domaingen.bench: {exc}", file=sys.stderr)
             return 2

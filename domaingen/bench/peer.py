@@ -11,7 +11,8 @@ their own defaults (DomainBed evaluates every split at every checkpoint; domaing
 default `--eval_splits` and precision, or those given), from the same MNIST files, with the
 same steps and checkpoints. Each tool runs twice, alternating with the other in child
 processes: with checkpoints every `freq` steps (A) and with none between the first and
-the last (B). Per tool the table gives the A run's wall time, CPU time (the process and its
+the last (B). Several domaingen variants (`--peer_args` repeated: the defaults and
+`--precision bf16`, say) share one pair of DomainBed runs, each child in turn. Per tool the table gives the A run's wall time, CPU time (the process and its
 DataLoader workers) and peak resident memory of the main process (VmHWM), and the ratios;
 then a projection to the published protocol's run (5001 steps, 51 checkpoints):
 
@@ -121,27 +122,40 @@ def domaingen_command(data_dir: str, out: Path, steps: int, freq: int, extra: Se
             "--output_dir", str(out), *extra]
 
 
+def variant_name(extra: Sequence[str]) -> str:
+    """How the rows name a domaingen variant: `domaingen`, or `domaingen --precision bf16`."""
+    return " ".join(["domaingen", *extra])
+
+
 def peer_rows(peer: str | None, data_dir: str, steps: int = 101, freq: int = 50,
-              extra: Sequence[str] = ()) -> list[list]:
-    """The rows of `--only peer` (see the module docstring); `extra`: more `domaingen train` flags."""
+              extra: Sequence[str] = (), variants: Sequence[Sequence[str]] | None = None) -> list[list]:
+    """The rows of `--only peer` (see the module docstring). `variants`: the `domaingen train` flags of each
+    domaingen configuration timed against the one DomainBed run (default: `extra` alone), each child
+    alternating with DomainBed's, so fp32 and bf16 share one measurement of DomainBed."""
     from domaingen.bench.baseline import header_rows
 
     root = check_peer(peer)
+    variants = [list(v) for v in (variants if variants else [extra])]
+    names = [variant_name(v) for v in variants]
+    if len(set(names)) != len(names):
+        raise DomaingenError(f"--peer_args names one domaingen variant twice: {', '.join(names)}")
     data_dir = str(Path(data_dir).resolve())
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(root)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
     timings: dict[tuple[str, str], Timing] = {}
     with tempfile.TemporaryDirectory(prefix="domaingen-peer-") as tmp:
         for label, run_freq in (("A", freq), ("B", steps + 1)):
-            for tool in ("DomainBed", "domaingen"):  # alternating: a change of load touches both
-                out = Path(tmp) / f"{tool}-{label}"
+            # alternating: a change of load touches every tool
+            for index, tool in enumerate(["DomainBed", *names]):
+                out = Path(tmp) / f"{index}-{label}"
                 if tool == "DomainBed":
                     command, cwd, run_env = domainbed_command(root, data_dir, out, steps, run_freq), root, env
                 else:
-                    command, cwd, run_env = domaingen_command(data_dir, out, steps, run_freq, extra), Path(tmp), None
+                    command = domaingen_command(data_dir, out, steps, run_freq, variants[index - 1])
+                    cwd, run_env = Path(tmp), None
                 try:
                     wall, cpu, rss = timed_child(command, run_env or dict(os.environ), cwd,
-                                                 Path(tmp) / f"{tool}-{label}.log")
+                                                 Path(tmp) / f"{index}-{label}.log")
                 except RuntimeError as exc:
                     hint = (" (DomainBed's dependencies, BackPACK and wilds among them, must import in this Python "
                             "or from PYTHONPATH)" if tool == "DomainBed" else "")
@@ -149,25 +163,29 @@ def peer_rows(peer: str | None, data_dir: str, steps: int = 101, freq: int = 50,
                 records = _records(out / "results.jsonl")
                 timings[(tool, label)] = Timing(wall, cpu, rss, _mean_step(records), len(records))
     rows = header_rows()
-    rows.append(["peer run", f"ColoredMNIST ERM, test env 2, {steps} steps, a checkpoint every {freq} "
-                             f"(domaingen train {' '.join(extra) or 'at its defaults'})"])
-    db, dg = timings[("DomainBed", "A")], timings[("domaingen", "A")]
-    rows += [
-        ["wall time: DomainBed / domaingen", f"{db.wall:.1f} s / {dg.wall:.1f} s = {db.wall / dg.wall:.2f}x"],
-        ["CPU time: DomainBed / domaingen", f"{db.cpu:.1f} s / {dg.cpu:.1f} s = {db.cpu / dg.cpu:.2f}x"],
-        ["peak RSS of the main process: DomainBed / domaingen",
-         f"{db.peak_rss_gb:.2f} GB / {dg.peak_rss_gb:.2f} GB"],
-        ["mean step: DomainBed / domaingen", f"{db.step * 1000:.0f} ms / {dg.step * 1000:.0f} ms"],
-    ]
+    setting = (f"domaingen train {' '.join(variants[0]) or 'at its defaults'}" if len(variants) == 1
+               else "each domaingen variant against the same DomainBed runs")
+    rows.append(["peer run", f"ColoredMNIST ERM, test env 2, {steps} steps, a checkpoint every {freq} ({setting})"])
+    db = timings[("DomainBed", "A")]
+    for name in names:
+        dg = timings[(name, "A")]
+        rows += [
+            [f"wall time: DomainBed / {name}", f"{db.wall:.1f} s / {dg.wall:.1f} s = {db.wall / dg.wall:.2f}x"],
+            [f"CPU time: DomainBed / {name}", f"{db.cpu:.1f} s / {dg.cpu:.1f} s = {db.cpu / dg.cpu:.2f}x"],
+            [f"peak RSS of the main process: DomainBed / {name}",
+             f"{db.peak_rss_gb:.2f} GB / {dg.peak_rss_gb:.2f} GB"],
+            [f"mean step: DomainBed / {name}", f"{db.step * 1000:.0f} ms / {dg.step * 1000:.0f} ms"],
+        ]
     projected = {}
-    for tool in ("DomainBed", "domaingen"):
+    for tool in ("DomainBed", *names):
         a, b = timings[(tool, "A")], timings[(tool, "B")]
         per_check = (a.wall - b.wall) / max(1, a.checkpoints - b.checkpoints)
         fixed = b.wall - steps * a.step
         projected[tool] = fixed + FULL_STEPS * a.step + (FULL_CHECKPOINTS - 2) * per_check
         rows.append([f"  {tool}: start-up and first/last checkpoints, per further checkpoint",
                      f"{fixed:.1f} s, {per_check:.1f} s"])
-    rows.append([f"full run projection ({FULL_STEPS} steps, {FULL_CHECKPOINTS} checkpoints): DomainBed / domaingen",
-                 f"{projected['DomainBed'] / 60:.1f} min / {projected['domaingen'] / 60:.1f} min = "
-                 f"{projected['DomainBed'] / projected['domaingen']:.2f}x"])
+    for name in names:
+        rows.append([f"full run projection ({FULL_STEPS} steps, {FULL_CHECKPOINTS} checkpoints): DomainBed / {name}",
+                     f"{projected['DomainBed'] / 60:.1f} min / {projected[name] / 60:.1f} min = "
+                     f"{projected['DomainBed'] / projected[name]:.2f}x"])
     return rows
