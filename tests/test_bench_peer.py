@@ -147,3 +147,32 @@ def test_several_variants_share_one_domainbed_run(tmp_path, monkeypatch):
                         f"{full['DomainBed'] / full[name]:.2f}x")
     with pytest.raises(DomaingenError, match="--peer_args names one domaingen variant twice: domaingen, domaingen$"):
         peer.peer_rows(str(tmp_path / "DomainBed"), str(tmp_path), variants=[[], []])
+
+
+def test_projection_subtracts_each_run_s_own_steps(tmp_path, monkeypatch):
+    """A B run whose steps are slower than its A run's (a warm-up, a moment of load) must not read as a cheaper
+    checkpoint: with B's step 1.5x A's, the projection still recovers the checkpoint cost, and steps at the mean."""
+    (tmp_path / "DomainBed" / "domainbed" / "scripts").mkdir(parents=True)
+    (tmp_path / "DomainBed" / "domainbed" / "scripts" / "train.py").write_text("")
+    costs = {"DomainBed": (2.0, 0.1, 3.0), "domaingen": (1.0, 0.05, 1.0)}
+
+    def fake_child(command, env, cwd, log_path):
+        tool = "DomainBed" if "domainbed.scripts.train" in command else "domaingen"
+        steps = int(command[command.index("--steps") + 1])
+        freq = int(command[command.index("--checkpoint_freq") + 1])
+        out = Path(command[command.index("--output_dir") + 1])
+        checks = [s for s in range(steps) if s % freq == 0 or s == steps - 1]
+        fixed, step, check = costs[tool]
+        step *= 1.5 if freq > steps else 1.0
+        out.mkdir(parents=True)
+        (out / "results.jsonl").write_text("".join(json.dumps({"step": s, "step_time": step}) + "\n" for s in checks))
+        return fixed + steps * step + len(checks) * check, 1.0, 0.5
+
+    monkeypatch.setattr(peer, "timed_child", fake_child)
+    rows = dict((r[0], r[1]) for r in peer.peer_rows(str(tmp_path / "DomainBed"), str(tmp_path), 101, 25))
+    for tool, (fixed, step, check) in costs.items():
+        assert rows[f"  {tool}: start-up and first/last checkpoints, per further checkpoint"] == \
+            f"{fixed + 2 * check:.1f} s, {check:.1f} s"
+    full = {tool: fixed + 5001 * step * 1.25 + 51 * check for tool, (fixed, step, check) in costs.items()}
+    assert rows["full run projection (5001 steps, 51 checkpoints): DomainBed / domaingen"] == \
+        f"{full['DomainBed'] / 60:.1f} min / {full['domaingen'] / 60:.1f} min = {full['DomainBed'] / full['domaingen']:.2f}x"

@@ -16,12 +16,15 @@ the last (B). Several domaingen variants (`--peer_args` repeated: the defaults a
 DataLoader workers) and peak resident memory of the main process (VmHWM), and the ratios;
 then a projection to the published protocol's run (5001 steps, 51 checkpoints):
 
-    fixed     = wall(B) - steps x step       start-up and B's two checkpoints' evaluations
-    per check = (wall(A) - wall(B)) / (checkpoints(A) - checkpoints(B))
+    rest(R)   = wall(R) - steps x step(R)    what run R spent outside its training steps
+    fixed     = rest(B)                      start-up and B's two checkpoints' evaluations
+    per check = (rest(A) - rest(B)) / (checkpoints(A) - checkpoints(B))
     full run  = fixed + 5001 x step + 49 x per check
 
-with `step` the mean training step over the A run's records (both tools record it). The
-same formula serves both tools: DomainBed's checkpoints evaluate every split, domaingen's
+with step(R) the mean training step over run R's records (both tools record it) and `step`
+the mean of step(A) and step(B). Subtracting each run's own steps keeps a difference in step
+speed between the two runs (a first-step warm-up, a moment of load) out of the evaluation
+cost. The same formula serves both tools: DomainBed's checkpoints evaluate every split, domaingen's
 what its eval splits plan says (the last checkpoint and a final evaluation are in `fixed`).
 """
 
@@ -132,7 +135,7 @@ def peer_rows(peer: str | None, data_dir: str, steps: int = 101, freq: int = 50,
     """The rows of `--only peer` (see the module docstring). `variants`: the `domaingen train` flags of each
     domaingen configuration timed against the one DomainBed run (default: `extra` alone), each child
     alternating with DomainBed's, so fp32 and bf16 share one measurement of DomainBed."""
-    from domaingen.bench.baseline import header_rows
+    from domaingen.bench.baseline import header_rows, load_line
 
     root = check_peer(peer)
     variants = [list(v) for v in (variants if variants else [extra])]
@@ -140,6 +143,7 @@ def peer_rows(peer: str | None, data_dir: str, steps: int = 101, freq: int = 50,
     if len(set(names)) != len(names):
         raise DomaingenError(f"--peer_args names one domaingen variant twice: {', '.join(names)}")
     data_dir = str(Path(data_dir).resolve())
+    rows = header_rows()  # the load before the children run
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(root)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
     timings: dict[tuple[str, str], Timing] = {}
@@ -162,11 +166,11 @@ def peer_rows(peer: str | None, data_dir: str, steps: int = 101, freq: int = 50,
                     raise DomaingenError(f"{exc}{hint}") from None
                 records = _records(out / "results.jsonl")
                 timings[(tool, label)] = Timing(wall, cpu, rss, _mean_step(records), len(records))
-    rows = header_rows()
+    rows.append(["load averages at the end (1, 5, 15 min)", load_line()])
     setting = (f"domaingen train {' '.join(variants[0]) or 'at its defaults'}" if len(variants) == 1
                else "each domaingen variant against the same DomainBed runs")
     rows.append(["peer run", f"ColoredMNIST ERM, test env 2, {steps} steps, a checkpoint every {freq} ({setting})"])
-    db = timings[("DomainBed", "A")]
+    db, db_b = timings[("DomainBed", "A")], timings[("DomainBed", "B")]
     for name in names:
         dg = timings[(name, "A")]
         rows += [
@@ -175,13 +179,16 @@ def peer_rows(peer: str | None, data_dir: str, steps: int = 101, freq: int = 50,
             [f"peak RSS of the main process: DomainBed / {name}",
              f"{db.peak_rss_gb:.2f} GB / {dg.peak_rss_gb:.2f} GB"],
             [f"mean step: DomainBed / {name}", f"{db.step * 1000:.0f} ms / {dg.step * 1000:.0f} ms"],
+            [f"mean step of the B runs: DomainBed / {name}",
+             f"{db_b.step * 1000:.0f} ms / {timings[(name, 'B')].step * 1000:.0f} ms"],
         ]
     projected = {}
     for tool in ("DomainBed", *names):
         a, b = timings[(tool, "A")], timings[(tool, "B")]
-        per_check = (a.wall - b.wall) / max(1, a.checkpoints - b.checkpoints)
-        fixed = b.wall - steps * a.step
-        projected[tool] = fixed + FULL_STEPS * a.step + (FULL_CHECKPOINTS - 2) * per_check
+        rest_a, rest_b = a.wall - steps * a.step, b.wall - steps * b.step
+        per_check = (rest_a - rest_b) / max(1, a.checkpoints - b.checkpoints)
+        fixed = rest_b
+        projected[tool] = fixed + FULL_STEPS * (a.step + b.step) / 2 + (FULL_CHECKPOINTS - 2) * per_check
         rows.append([f"  {tool}: start-up and first/last checkpoints, per further checkpoint",
                      f"{fixed:.1f} s, {per_check:.1f} s"])
     for name in names:
