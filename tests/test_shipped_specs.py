@@ -24,5 +24,5 @@ def test_dmg_rmnist_parts_hold_its_networks_and_in_domain_test():
     for job in jobs:
         by_network.setdefault(job.args["hparams"]["featurizer"], set()).add(job.args["steps"])
         assert job.args["in_domain_test"] == 0.1 and job.args["test_envs"] == [0]
-    assert by_network == {"MNIST_CNN": {1001}, "MLP": {3001}}
+    assert by_network == {"MNIST_CNN": {2001}, "MLP": {3001}}
     assert len(jobs) == 2 * 3 * 3  # two parts x three algorithms x three trials
