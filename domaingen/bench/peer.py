@@ -12,9 +12,9 @@ default `--eval_splits` and precision, or those given), from the same MNIST file
 same steps and checkpoints. Each tool runs twice, alternating with the other in child
 processes: with checkpoints every `freq` steps (A) and with none between the first and
 the last (B). Several domaingen variants (`--peer_args` repeated: the defaults and
-`--precision bf16`, say) share one pair of DomainBed runs, each child in turn. Per tool the table gives the A run's wall time, CPU time (the process and its
-DataLoader workers) and peak resident memory of the main process (VmHWM), and the ratios;
-then a projection to the published protocol's run (5001 steps, 51 checkpoints):
+`--precision bf16`, say) share one pair of DomainBed runs, each child in turn. Per tool the
+table gives the A run's wall time, CPU time (the process and its DataLoader workers) and
+peak resident memory of the main process (VmHWM), and the ratios; then a projection to the published protocol's run (5001 steps, 51 checkpoints):
 
     rest(R)   = wall(R) - steps x step(R)    what run R spent outside its training steps
     fixed     = rest(B)                      start-up and B's two checkpoints' evaluations
@@ -24,8 +24,8 @@ then a projection to the published protocol's run (5001 steps, 51 checkpoints):
 with step(R) the mean training step over run R's records (both tools record it) and `step`
 the mean of step(A) and step(B). Subtracting each run's own steps keeps a difference in step
 speed between the two runs (a first-step warm-up, a moment of load) out of the evaluation
-cost. The same formula serves both tools: DomainBed's checkpoints evaluate every split, domaingen's
-what its eval splits plan says (the last checkpoint and a final evaluation are in `fixed`).
+cost. The same formula serves both tools: DomainBed's checkpoints evaluate every split,
+domaingen's what its eval splits plan says (the last checkpoint and a final evaluation are in `fixed`).
 """
 
 from __future__ import annotations
