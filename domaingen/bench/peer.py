@@ -14,7 +14,8 @@ processes: with checkpoints every `freq` steps (A) and with none between the fir
 the last (B). Several domaingen variants (`--peer_args` repeated: the defaults and
 `--precision bf16`, say) share one pair of DomainBed runs, each child in turn. Per tool the
 table gives the A run's wall time, CPU time (the process and its DataLoader workers) and
-peak resident memory of the main process (VmHWM), and the ratios; then a projection to the published protocol's run (5001 steps, 51 checkpoints):
+peak resident memory of the main process (VmHWM), and the ratios; then a projection to the
+published protocol's run (5001 steps, 51 checkpoints):
 
     rest(R)   = wall(R) - steps x step(R)    what run R spent outside its training steps
     fixed     = rest(B)                      start-up and B's two checkpoints' evaluations
@@ -25,7 +26,8 @@ with step(R) the mean training step over run R's records (both tools record it) 
 the mean of step(A) and step(B). Subtracting each run's own steps keeps a difference in step
 speed between the two runs (a first-step warm-up, a moment of load) out of the evaluation
 cost. The same formula serves both tools: DomainBed's checkpoints evaluate every split,
-domaingen's what its eval splits plan says (the last checkpoint and a final evaluation are in `fixed`).
+domaingen's what its eval splits plan says (the last checkpoint and a final evaluation are in
+`fixed`).
 """
 
 from __future__ import annotations
