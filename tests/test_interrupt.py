@@ -175,3 +175,45 @@ def test_an_interrupted_worker_reaped_by_the_pool_thread_still_counts_as_interru
                                    _LateReapedWorker(-15, hidden_reads=0)])
     # a worker that died of something else is not an interrupt, however late its code shows
     assert not launchers._interrupted([_LateReapedWorker(1, hidden_reads=5), _LateReapedWorker(-15, hidden_reads=0)])
+
+
+def _sleep_then_mark(path: str, seconds: float) -> None:
+    time.sleep(seconds)
+    Path(path).write_text("finished")
+
+
+def test_a_signal_handed_to_another_launcher_thread_still_stops_the_sweep(tmp_path):
+    """A SIGINT (or the CLI's SIGTERM) that the kernel delivers to one of the launcher's other threads
+    must interrupt the sweep while its jobs run, not once the next job has finished: here the only job
+    would finish (and write its mark) after 20 s, and the interrupt must stop it before."""
+    import multiprocessing
+    import threading
+    from concurrent.futures import ProcessPoolExecutor
+
+    from domaingen.sweep import parallel as launchers
+    from domaingen.sweep.workers import LaunchOptions
+
+    mark = tmp_path / "finished"
+
+    def interrupt_from_this_thread() -> None:
+        time.sleep(1.0)
+        signal.pthread_kill(threading.get_ident(), signal.SIGINT)
+
+    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        futures = [pool.submit(_sleep_then_mark, str(mark), 20.0)]
+        threading.Thread(target=interrupt_from_this_thread, daemon=True).start()
+        with pytest.raises(KeyboardInterrupt):
+            launchers._collect_results(pool, futures, LaunchOptions(progress=False))
+    assert not mark.exists()
+
+
+def test_completed_yields_every_future_once_as_it_finishes():
+    from concurrent.futures import ThreadPoolExecutor
+
+    from domaingen.sweep import parallel as launchers
+
+    with ThreadPoolExecutor(2) as pool:
+        futures = [pool.submit(time.sleep, s) for s in (0.3, 0.0, 0.1)]
+        finished = list(launchers._completed(futures, poll_s=0.05))
+    assert sorted(map(id, finished)) == sorted(map(id, futures))
+    assert finished[-1] is futures[0]

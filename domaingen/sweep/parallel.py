@@ -8,7 +8,7 @@ import multiprocessing
 import os
 import signal
 import time
-from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any, Mapping, Sequence
 
@@ -41,6 +41,8 @@ STOP_TIMEOUT_S = 60.0
 INTERRUPTED_EXIT = 130
 # how often _interrupted reads again a worker exit code that another thread has yet to record
 EXIT_CODE_POLL_S = 0.01
+# how often the launcher's main thread wakes while it waits for jobs, to run a signal handler
+SIGNAL_POLL_S = 0.5
 
 
 def _interrupt_worker(signum: int, frame: Any) -> None:
@@ -82,6 +84,21 @@ def cached_job(job_id: str, config_kwargs: Mapping[str, Any], threads: int | Non
         _WORKER_STATE["running_job"] = False
 
 
+def _completed(futures: Sequence[Any], poll_s: float | None = None) -> Any:
+    """The futures as they finish, like `as_completed`, waking every `poll_s` (SIGNAL_POLL_S).
+
+    The kernel may hand a SIGTERM or SIGINT sent to the launcher to any of its threads (the
+    pool's, the progress bar's). Python then runs the handler in the main thread only when that
+    thread next executes bytecode, and a main thread blocked in `as_completed` would not do so
+    before the next job finished, hours later for a long job. The timed wait bounds that delay.
+    """
+    pending = set(futures)
+    while pending:
+        done, pending = wait(pending, timeout=SIGNAL_POLL_S if poll_s is None else poll_s,
+                             return_when=FIRST_COMPLETED)
+        yield from done
+
+
 def _collect_results(pool: ProcessPoolExecutor, futures: Sequence[Any], options: LaunchOptions) -> list[JobResult]:
     """The futures' results as they finish; on an interrupt (Ctrl-C, or SIGTERM through the
     CLI) the pending jobs are cancelled and the workers stopped before it propagates."""
@@ -89,7 +106,7 @@ def _collect_results(pool: ProcessPoolExecutor, futures: Sequence[Any], options:
     results = []
     try:
         with progress_bar(len(futures), options) as bar:
-            for future in as_completed(futures):
+            for future in _completed(futures):
                 results.append(future.result())
                 bar.update(1)
     except KeyboardInterrupt:
