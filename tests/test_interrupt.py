@@ -199,11 +199,16 @@ def test_a_signal_handed_to_another_launcher_thread_still_stops_the_sweep(tmp_pa
         time.sleep(1.0)
         signal.pthread_kill(threading.get_ident(), signal.SIGINT)
 
-    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
-        futures = [pool.submit(_sleep_then_mark, str(mark), 20.0)]
-        threading.Thread(target=interrupt_from_this_thread, daemon=True).start()
-        with pytest.raises(KeyboardInterrupt):
-            launchers._collect_results(pool, futures, LaunchOptions(progress=False))
+    # Python's own SIGINT handler, as a launcher has it (a test before this one may have left another)
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+            futures = [pool.submit(_sleep_then_mark, str(mark), 20.0)]
+            threading.Thread(target=interrupt_from_this_thread, daemon=True).start()
+            with pytest.raises(KeyboardInterrupt):
+                launchers._collect_results(pool, futures, LaunchOptions(progress=False))
+    finally:
+        signal.signal(signal.SIGINT, previous)
     assert not mark.exists()
 
 
