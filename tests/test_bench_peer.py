@@ -39,25 +39,38 @@ def test_timed_child_reports_wall_cpu_and_peak_memory(tmp_path):
         peer.timed_child([sys.executable, "-c", "1/0"], {}, tmp_path, tmp_path / "log")
 
 
-def test_projection_from_two_runs_per_tool(tmp_path, monkeypatch):
-    """A fake checkout and fake children: each 'tool' takes 2 s + 0.1 s a step + 3 s a checkpoint (DomainBed)
-    or 1 s + 0.05 s a step + 1 s a checkpoint (domaingen); the projection must recover the full run."""
+def _fake_peer(tmp_path, costs, b_step_factor=1.0, order=None):
+    """A fake DomainBed checkout under tmp_path and a fake `timed_child`: the child named by `costs`
+    (DomainBed, domaingen, or `domaingen --precision bf16`) takes fixed + steps x step + checkpoints x check
+    seconds, its B run's steps `b_step_factor` times slower; `order` collects (tool, checkpoint_freq)."""
     (tmp_path / "DomainBed" / "domainbed" / "scripts").mkdir(parents=True)
     (tmp_path / "DomainBed" / "domainbed" / "scripts" / "train.py").write_text("")
-    costs = {"DomainBed": (2.0, 0.1, 3.0), "domaingen": (1.0, 0.05, 1.0)}
 
     def fake_child(command, env, cwd, log_path):
-        tool = "DomainBed" if "domainbed.scripts.train" in command else "domaingen"
+        if "domainbed.scripts.train" in command:
+            tool = "DomainBed"
+        else:
+            tool = "domaingen --precision bf16" if "--precision" in command else "domaingen"
         steps = int(command[command.index("--steps") + 1])
         freq = int(command[command.index("--checkpoint_freq") + 1])
+        if order is not None:
+            order.append((tool, freq))
         out = Path(command[command.index("--output_dir") + 1])
         checks = [s for s in range(steps) if s % freq == 0 or s == steps - 1]
         fixed, step, check = costs[tool]
+        step *= b_step_factor if freq > steps else 1.0
         out.mkdir(parents=True)
         (out / "results.jsonl").write_text("".join(json.dumps({"step": s, "step_time": step}) + "\n" for s in checks))
         return fixed + steps * step + len(checks) * check, 1.0, 0.5
 
-    monkeypatch.setattr(peer, "timed_child", fake_child)
+    return fake_child
+
+
+def test_projection_from_two_runs_per_tool(tmp_path, monkeypatch):
+    """A fake checkout and fake children: each 'tool' takes 2 s + 0.1 s a step + 3 s a checkpoint (DomainBed)
+    or 1 s + 0.05 s a step + 1 s a checkpoint (domaingen); the projection must recover the full run."""
+    costs = {"DomainBed": (2.0, 0.1, 3.0), "domaingen": (1.0, 0.05, 1.0)}
+    monkeypatch.setattr(peer, "timed_child", _fake_peer(tmp_path, costs))
     rows = dict((r[0], r[1]) for r in peer.peer_rows(str(tmp_path / "DomainBed"), str(tmp_path), 101, 50))
     full = {tool: fixed + 5001 * step + 51 * check for tool, (fixed, step, check) in costs.items()}
     line = rows["full run projection (5001 steps, 51 checkpoints): DomainBed / domaingen"]
@@ -116,27 +129,9 @@ def test_a_peer_whose_train_py_fails_is_one_line_exit_2(tmp_path, capsys):
 def test_several_variants_share_one_domainbed_run(tmp_path, monkeypatch):
     """`--peer_args` repeated: each domaingen variant gets its own rows and projection against the same two
     DomainBed children, and the children alternate DomainBed, variant 1, variant 2 for A, then for B."""
-    (tmp_path / "DomainBed" / "domainbed" / "scripts").mkdir(parents=True)
-    (tmp_path / "DomainBed" / "domainbed" / "scripts" / "train.py").write_text("")
     costs = {"DomainBed": (2.0, 0.1, 3.0), "domaingen": (1.0, 0.05, 1.0), "domaingen --precision bf16": (1.0, 0.02, 0.5)}
     order = []
-
-    def fake_child(command, env, cwd, log_path):
-        if "domainbed.scripts.train" in command:
-            tool = "DomainBed"
-        else:
-            tool = "domaingen --precision bf16" if "--precision" in command else "domaingen"
-        steps = int(command[command.index("--steps") + 1])
-        freq = int(command[command.index("--checkpoint_freq") + 1])
-        order.append((tool, freq))
-        out = Path(command[command.index("--output_dir") + 1])
-        checks = [s for s in range(steps) if s % freq == 0 or s == steps - 1]
-        fixed, step, check = costs[tool]
-        out.mkdir(parents=True)
-        (out / "results.jsonl").write_text("".join(json.dumps({"step": s, "step_time": step}) + "\n" for s in checks))
-        return fixed + steps * step + len(checks) * check, 1.0, 0.5
-
-    monkeypatch.setattr(peer, "timed_child", fake_child)
+    monkeypatch.setattr(peer, "timed_child", _fake_peer(tmp_path, costs, order=order))
     rows = dict((r[0], r[1]) for r in peer.peer_rows(str(tmp_path / "DomainBed"), str(tmp_path), 101, 50,
                                                     variants=[[], ["--precision", "bf16"]]))
     assert order == [(tool, freq) for freq in (50, 102) for tool in costs]
@@ -152,23 +147,8 @@ def test_several_variants_share_one_domainbed_run(tmp_path, monkeypatch):
 def test_projection_subtracts_each_run_s_own_steps(tmp_path, monkeypatch):
     """A B run whose steps are slower than its A run's (a warm-up, a moment of load) must not read as a cheaper
     checkpoint: with B's step 1.5x A's, the projection still recovers the checkpoint cost, and steps at the mean."""
-    (tmp_path / "DomainBed" / "domainbed" / "scripts").mkdir(parents=True)
-    (tmp_path / "DomainBed" / "domainbed" / "scripts" / "train.py").write_text("")
     costs = {"DomainBed": (2.0, 0.1, 3.0), "domaingen": (1.0, 0.05, 1.0)}
-
-    def fake_child(command, env, cwd, log_path):
-        tool = "DomainBed" if "domainbed.scripts.train" in command else "domaingen"
-        steps = int(command[command.index("--steps") + 1])
-        freq = int(command[command.index("--checkpoint_freq") + 1])
-        out = Path(command[command.index("--output_dir") + 1])
-        checks = [s for s in range(steps) if s % freq == 0 or s == steps - 1]
-        fixed, step, check = costs[tool]
-        step *= 1.5 if freq > steps else 1.0
-        out.mkdir(parents=True)
-        (out / "results.jsonl").write_text("".join(json.dumps({"step": s, "step_time": step}) + "\n" for s in checks))
-        return fixed + steps * step + len(checks) * check, 1.0, 0.5
-
-    monkeypatch.setattr(peer, "timed_child", fake_child)
+    monkeypatch.setattr(peer, "timed_child", _fake_peer(tmp_path, costs, b_step_factor=1.5))
     rows = dict((r[0], r[1]) for r in peer.peer_rows(str(tmp_path / "DomainBed"), str(tmp_path), 101, 25))
     for tool, (fixed, step, check) in costs.items():
         assert rows[f"  {tool}: start-up and first/last checkpoints, per further checkpoint"] == \
