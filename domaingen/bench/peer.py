@@ -133,14 +133,14 @@ def variant_name(extra: Sequence[str]) -> str:
 
 
 def peer_rows(peer: str | None, data_dir: str, steps: int = 101, freq: int = 50,
-              extra: Sequence[str] = (), variants: Sequence[Sequence[str]] | None = None) -> list[list]:
+              variants: Sequence[Sequence[str]] = ((),)) -> list[list]:
     """The rows of `--only peer` (see the module docstring). `variants`: the `domaingen train` flags of each
-    domaingen configuration timed against the one DomainBed run (default: `extra` alone), each child
-    alternating with DomainBed's, so fp32 and bf16 share one measurement of DomainBed."""
+    domaingen configuration timed against the one DomainBed run (default: domaingen at its defaults), each
+    child alternating with DomainBed's, so fp32 and bf16 share one measurement of DomainBed."""
     from domaingen.bench.baseline import header_rows, load_line
 
     root = check_peer(peer)
-    variants = [list(v) for v in (variants if variants else [extra])]
+    variants = [list(v) for v in variants] or [[]]
     names = [variant_name(v) for v in variants]
     if len(set(names)) != len(names):
         raise DomaingenError(f"--peer_args names one domaingen variant twice: {', '.join(names)}")
