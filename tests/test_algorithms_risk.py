@@ -190,6 +190,47 @@ def test_arm_predicts_from_the_mean_context_of_each_support_set():
         torch.testing.assert_close(algorithm.predict(odd), algorithm.network(torch.cat([odd, context], dim=1)))
 
 
+@pytest.mark.parametrize("support", [9, 16])
+def test_arm_evaluates_in_domainbeds_batches_of_64_unpadded(support):
+    """ARM's test-time context is the mean over a support set cut from the evaluation batch, so
+    evaluation must cut the examples as DomainBed's train.py does (64 at a time, the last batch
+    short), on every device: the context of each example is averaged, by hand here, over its
+    block of `support` when `support` divides the batch's length, else over the whole batch."""
+    from domaingen.datasets.environment import Environment
+    from domaingen.datasets.splits import Split
+    from domaingen.run.evaluation import CompiledPredict, eval_batch_size, split_accuracy
+
+    shape = (2, 6, 6)
+    algorithm = build("ARM", shape, arm_context_net="OneByOne", featurizer="MLP", mlp_width=8,
+                      batch_size=support).eval()
+    assert eval_batch_size(torch.device("cpu"), algorithm) == 64  # a convolutional model's CPU default is 128
+    assert eval_batch_size(torch.device("cuda"), algorithm) == 64
+    assert CompiledPredict(algorithm, 64).compiled is None  # padding would change the predictions
+    n = 100  # batches of 64 and 36 (9 divides 36: blocks of 9; 16 divides neither 36 nor 100)
+    # brightness rising along the split, so that contexts averaged over different blocks differ
+    noise = torch.randint(0, 40, (n, *shape), generator=torch.Generator().manual_seed(0))
+    x = (torch.arange(n).view(n, 1, 1, 1) * 2 + noise).to(torch.uint8)
+    inputs, _ = Split(Environment("e", x, torch.zeros(n, dtype=torch.long)), torch.arange(n)).batch(slice(0, n))
+    predicted = []
+    with torch.no_grad():
+        # the decision boundary through the middle of the first batch's logits, so that a context
+        # averaged over other examples moves some predictions across it
+        logits = algorithm.predict(inputs[:64])
+        algorithm.classifier.bias[1] -= (logits[:, 1] - logits[:, 0]).median()
+        for start in range(0, n, 64):
+            batch = inputs[start:start + 64]
+            block = support if len(batch) % support == 0 else len(batch)
+            for first in range(0, len(batch), block):
+                part = batch[first:first + block]
+                context = algorithm.context_net(part).mean(dim=0, keepdim=True).expand(len(part), -1, -1, -1)
+                predicted.append(algorithm.network(torch.cat([part, context], dim=1)).argmax(1))
+    # labelled with the hand-computed predictions: DomainBed's batching predicts all of them
+    split = Split(Environment("e", x, torch.cat(predicted)), torch.arange(n))
+    assert split_accuracy(algorithm, split, torch.device("cpu")) == 1.0
+    # 128 at a time (the CPU default for a convolutional model) averages other contexts
+    assert split_accuracy(algorithm, split, torch.device("cpu"), batch_size=128) < 1.0
+
+
 @pytest.mark.parametrize("train_context", [True, False])
 def test_arm_trains_its_context_network_unless_asked_not_to(train_context):
     algorithm = tiny("ARM", batch_size=10, arm_train_context=train_context)

@@ -5,7 +5,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from domaingen.algorithms.base import ALGORITHMS, FeaturizerClassifier, Minibatches, classification_loss, concat, make_adam
+from domaingen.algorithms.base import (ALGORITHMS, DOMAINBED_EVAL_BATCH_SIZE, FeaturizerClassifier, Minibatches,
+                                      classification_loss, concat, make_adam)
 from domaingen.hparams import HParam, by_dataset, int_pow2_uniform
 from domaingen.networks import build_context_net
 
@@ -25,6 +26,11 @@ class ARM(FeaturizerClassifier):
     stays at its random initialisation (its BatchNorm statistics still move). ARM trains
     the two jointly (the paper's objective); `arm_train_context: false` reproduces
     DomainBed, whose published ARM numbers were obtained so.
+
+    Evaluation cuts support sets as DomainBed's does: batches of 64, the last one short
+    (EVAL_BATCH_SIZE). Which examples share a batch differs: DomainBed's evaluation loader
+    draws a new random order at every evaluation, domaingen takes the split's own seeded
+    (already shuffled) order, the same at every checkpoint.
     """
 
     HPARAMS = {
@@ -35,6 +41,10 @@ class ARM(FeaturizerClassifier):
         "arm_context_net": HParam("auto", help="context network in networks.CONTEXT_NETS (auto: ARM_CNN / ARM_MLP)"),
         "arm_train_context": HParam(True, help="train the context network (false: DomainBed's frozen one)"),
     }
+    # At test time a support set is a block of `batch_size` examples of an evaluation batch, or
+    # the whole batch when `batch_size` does not divide it: evaluate in DomainBed's batches of 64,
+    # unpadded, so that each context averages over as many examples as DomainBed's does.
+    EVAL_BATCH_SIZE = DOMAINBED_EVAL_BATCH_SIZE
 
     def __init__(self, input_shape, num_classes, num_domains, hparams) -> None:
         original = tuple(input_shape)

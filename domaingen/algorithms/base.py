@@ -18,6 +18,9 @@ from domaingen.registry import Registry
 Minibatches = Sequence[tuple[torch.Tensor, torch.Tensor]]
 
 ALGORITHMS: Registry[type["Algorithm"]] = Registry("algorithm")
+# DomainBed's train.py evaluates every split in batches of 64 (the last one short): what a
+# method whose predictions depend on the batch must use to follow its protocol
+DOMAINBED_EVAL_BATCH_SIZE = 64
 
 
 class Algorithm(nn.Module):
@@ -39,8 +42,9 @@ class Algorithm(nn.Module):
     # (fields env{i}_in_acc_{mode}): mode name -> whether it needs the examples' domain index.
     EVAL_MODES: ClassVar[dict[str, bool]] = {}
     # Methods whose predictions depend on the evaluation batch (MTL's test-time embedding is
-    # the batch's mean feature) evaluate in batches of exactly this many, never padded; None:
-    # any size (the device's default), predictions independent of it.
+    # the batch's mean feature, ARM's context the mean over a support set) evaluate in batches
+    # of exactly this many, never padded (DOMAINBED_EVAL_BATCH_SIZE for DomainBed's protocol);
+    # None: any size (the device's default), predictions independent of it.
     EVAL_BATCH_SIZE: ClassVar[int | None] = None
     # The fewest training domains the method is defined for (methods that compare domains need 2).
     MIN_TRAIN_DOMAINS: ClassVar[int] = 1

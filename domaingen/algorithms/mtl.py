@@ -27,7 +27,8 @@ from typing import Mapping
 
 import torch
 
-from domaingen.algorithms.base import ALGORITHMS, FeaturizerClassifier, Minibatches, classification_loss
+from domaingen.algorithms.base import (ALGORITHMS, DOMAINBED_EVAL_BATCH_SIZE, FeaturizerClassifier, Minibatches,
+                                      classification_loss)
 from domaingen.errors import DomaingenError
 from domaingen.hparams import HParam, choice
 from domaingen.networks import build_classifier
@@ -45,7 +46,7 @@ class MTL(FeaturizerClassifier):
     }
     # At test time the embedding is the evaluation batch's mean feature: evaluate in DomainBed's
     # batches of 64, unpadded, so the predictions are those of DomainBed's protocol.
-    EVAL_BATCH_SIZE = 64
+    EVAL_BATCH_SIZE = DOMAINBED_EVAL_BATCH_SIZE
 
     def __init__(self, input_shape, num_classes, num_domains, hparams) -> None:
         super().__init__(input_shape, num_classes, num_domains, hparams)
