@@ -242,3 +242,42 @@ def test_capture_reports_firing_fractions_per_position():
     capture_activations(cnn, {"relu": cnn[1]}, [image], fired)
     # channel 0: relu(1, -2, 3, 0) fires at 2 of 4 positions; channel 1: relu(-1, 2, -3, 0) at 1 of 4
     assert fired["relu"].tolist() == [[0.5, 0.25]]
+
+
+def test_diagnose_feeds_a_batch_dependent_method_its_own_evaluation_batches():
+    """ARM's and MTL's predictions depend on the batch, so diagnose reads them in the batches
+    evaluation uses (64, DomainBed's); the activations equal those of predict over those batches."""
+    from types import SimpleNamespace
+
+    from domaingen.datasets.environment import Environment
+    from domaingen.datasets.splits import Split
+    from domaingen.inspect.diagnose import BATCH_SIZE, diagnose_batch_size, environment_activations
+
+    def model(name):
+        space = ALGORITHMS.get(name).hparam_space()
+        hp = {**{k: v.default for k, v in space.items()}, "lr": 1e-3, "weight_decay": 0.0, "batch_size": 9, "featurizer": "MLP",
+              "mlp_width": 8, "mlp_depth": 3, "mlp_dropout": 0.0}
+        torch.manual_seed(0)
+        return ALGORITHMS.get(name)((6,), 3, 2, hp).eval()
+
+    assert [diagnose_batch_size(model(n)) for n in ("ARM", "MTL", "ERM")] == [64, 64, BATCH_SIZE]
+    arm = model("ARM")
+    x = torch.randn(100, 6, generator=torch.Generator().manual_seed(1)) + torch.linspace(0, 3, 100).view(-1, 1)
+    split = Split(Environment("e", x, torch.zeros(100, dtype=torch.long)), torch.arange(100))
+    asked = []
+
+    def eval_batches(split, batch_size):
+        asked.append(batch_size)
+        for start in range(0, len(split), batch_size):
+            yield split.batch(slice(start, start + batch_size))
+
+    loaded = SimpleNamespace(algorithm=arm, dataset=SimpleNamespace(eval_batches=eval_batches), device=torch.device("cpu"))
+    acts, _ = environment_activations(loaded, split)
+    assert asked == [64]
+    layers = arm.activation_layers()
+    inputs, _ = split.batch(slice(None))
+    expected = capture_activations(arm.activation_forward, layers, [inputs[:64], inputs[64:]])
+    whole = capture_activations(arm.activation_forward, layers, [inputs])  # one batch: other contexts
+    for name in layers:
+        torch.testing.assert_close(acts[name], expected[name])
+        assert not torch.allclose(acts[name], whole[name])

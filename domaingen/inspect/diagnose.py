@@ -23,6 +23,12 @@ DEFAULT_MAX_EXAMPLES = 2000
 BATCH_SIZE = 256
 
 
+def diagnose_batch_size(algorithm: torch.nn.Module) -> int:
+    """The batch `diagnose` feeds `algorithm`: its own evaluation batch when its predictions
+    depend on the batch (ARM, MTL: Algorithm.EVAL_BATCH_SIZE), else BATCH_SIZE."""
+    return int(getattr(algorithm, "EVAL_BATCH_SIZE", None) or BATCH_SIZE)
+
+
 def diagnostic_split(loaded: LoadedRun, env: int, max_examples: int) -> Split:
     """The examples `diagnose` reads for environment `env` (see the module docstring)."""
     split_in, split_out = loaded.splits[env]
@@ -38,7 +44,7 @@ def environment_activations(loaded: LoadedRun, split: Split,
     labels: list[torch.Tensor] = []
 
     def inputs():
-        for x, y in loaded.dataset.eval_batches(split, BATCH_SIZE):
+        for x, y in loaded.dataset.eval_batches(split, diagnose_batch_size(algorithm)):
             labels.append(y.cpu())
             yield to_device(x, loaded.device)
 
@@ -176,7 +182,8 @@ def domain_weight_masks(
 
     def accuracies(masks: dict[str, torch.Tensor]) -> list[float]:
         return [masked_accuracy(forward, weights, masks, ((to_device(x, loaded.device), y)
-                                for x, y in loaded.dataset.eval_batches(split, BATCH_SIZE))) for split in env_splits]
+                                for x, y in loaded.dataset.eval_batches(split, diagnose_batch_size(algorithm))))
+                for split in env_splits]
 
     def train(splits: list, seed: int) -> dict[str, torch.Tensor]:
         sampler = loaded.dataset.minibatch_sampler(splits, batch_size, seed, loaded.device)
