@@ -121,3 +121,74 @@ def test_heatmap_shows_a_missing_cell_and_page_sized_text():
     assert 1000 <= spec.figure.get_figwidth() * DPI <= 1100
     assert min(t.get_fontsize() for t in ax.texts + ax.get_xticklabels() + ax.get_yticklabels()) >= 9
     assert "validation split, which model selection reads" in spec.caption
+
+
+@pytest.fixture(scope="module")
+def dmg_sweep(tmp_path_factory) -> Path:
+    """Three DMG trials and one ERM run in one sweep directory; trials 0 and 1 evaluated with --masks_x_domains."""
+    sweep = tmp_path_factory.mktemp("mxd_sweep")
+    for name, algorithm, trial in (("dmg0", "DMG", 0), ("dmg1", "DMG", 1), ("dmg2", "DMG", 2), ("erm0", "ERM", 0)):
+        code = main(["-q", "train", "--dataset", "ColoredMNIST", "--algorithm", algorithm, "--test_envs", "2",
+                     "--data_dir", "embedded", "--steps", "3", "--checkpoint_freq", "3", "--trial_seed", str(trial),
+                     "--hparams", json.dumps(FAST_HPARAMS), "--output_dir", str(sweep / name)])
+        assert code == 0
+    for name in ("dmg0", "dmg1"):
+        assert main(["-q", "evaluate", str(sweep / name), "--masks_x_domains"]) == 0
+    return sweep
+
+
+def test_collect_averages_the_selected_runs_matrices_over_trials(dmg_sweep, capsys):
+    import pandas as pd
+
+    capsys.readouterr()
+    matrices = [np.array(json.loads((dmg_sweep / name / "diagnostics.json").read_text())["masks_x_domains"]["accuracy"])
+                for name in ("dmg0", "dmg1")]
+    assert main(["-q", "collect", "--input_dir", str(dmg_sweep), "--masks_x_domains", "--format", "csv"]) == 0
+    table = pd.read_csv(__import__("io").StringIO(capsys.readouterr().out))
+    assert set(table["algorithm"]) == {"DMG"}  # ERM has no matrix and no domain-taking prediction: no table
+    assert list(table["applied"].unique()) == ["mask +90%", "mask +80%", "Pred-Ens", "Mask-Ens"]
+    assert list(table["environment"].unique()) == ["+90% (out)", "+80% (out)", "-90% (in, held out)"]
+    for k, row in table.iterrows():
+        i, j = divmod(k, 3)
+        a, b = matrices[0][i, j], matrices[1][i, j]
+        assert row["mean"] == pytest.approx(100 * (a + b) / 2)
+        # DomainBed's error bar written out for two trials: |a - b| / 2 / sqrt(2)
+        assert row["error"] == pytest.approx(100 * abs(a - b) / 2 / np.sqrt(2))
+        assert row["n"] == 2
+
+
+def test_collect_names_the_selected_runs_it_left_out_and_why(dmg_sweep, capsys):
+    diagnostics = dmg_sweep / "dmg2" / "diagnostics.json"
+    assert main(["-q", "evaluate", str(dmg_sweep / "dmg2"), "--masks_x_domains"]) == 0
+    stored = json.loads(diagnostics.read_text())
+    selected_step = stored["masks_x_domains"]["step"]  # evaluate's default: the checkpoint selection chose
+    steps = [json.loads((dmg_sweep / n / "diagnostics.json").read_text())["masks_x_domains"]["step"]
+             for n in ("dmg0", "dmg1")]
+    stored["masks_x_domains"]["step"] = 999  # a matrix of another checkpoint than the one selection chose
+    diagnostics.write_text(json.dumps(stored))
+    try:
+        capsys.readouterr()
+        assert main(["-q", "collect", "--input_dir", str(dmg_sweep), "--masks_x_domains"]) == 0
+        out = capsys.readouterr().out
+    finally:
+        diagnostics.unlink()
+    assert "### ColoredMNIST, DMG, test env 2: every mask on every environment" in out
+    assert f"Mean over trials [0, 1] (selected steps {steps[0]}, {steps[1]})" in out
+    assert f"dmg2 (trial 2: matrix of step 999, selection chose step {selected_step})" in out
+    assert "ERM" not in out
+
+
+def test_collect_masks_x_domains_refuses_latex_and_a_sweep_without_matrices(dmg_sweep, tmp_path, capsys):
+    code = main(["-q", "collect", "--input_dir", str(dmg_sweep), "--masks_x_domains", "--format", "latex"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.strip().count("\n") == 0
+    assert "--masks_x_domains prints markdown or csv, not latex" in err
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    import shutil
+
+    shutil.copytree(dmg_sweep / "dmg2", bare / "dmg2", ignore=shutil.ignore_patterns("diagnostics.json"))
+    code = main(["-q", "collect", "--input_dir", str(bare), "--masks_x_domains", "--output", str(tmp_path / "o.md")])
+    err = capsys.readouterr().err
+    assert code == 2 and err.strip().count("\n") == 0 and not (tmp_path / "o.md").exists()
+    assert "no selected run here has a mask-by-domain matrix: run `domaingen evaluate RUN --masks_x_domains`" in err

@@ -259,6 +259,10 @@ def _add_collect_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--datasets", nargs="+", metavar="DATASET",
                    help="tabulate only these datasets' runs (e.g. one part of a sweep whose parts differ "
                         "in their datasets)")
+    p.add_argument("--masks_x_domains", action="store_true",
+                   help="instead of tables: per dataset, algorithm and test env, the mask-by-domain matrices of "
+                        "`evaluate --masks_x_domains` (DMG's Table 4) of the runs training-domain validation "
+                        "selects, mean ± error over trials")
     p.add_argument("--manifest", action="store_true",
                    help="instead of tables: each distinct code version, torch version and device of the done runs "
                         "behind the tables (their manifest.json), with its number of runs")

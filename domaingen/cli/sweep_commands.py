@@ -236,11 +236,14 @@ def collect_command(ns: argparse.Namespace) -> int:
     if ns.top_hparams and (pairs is not None or ns.fields):
         raise DomaingenError("--paired and --fields add tables; --top_hparams prints none: use one or the other")
     views = [name for name, on in (("--top_hparams", ns.top_hparams), ("--trajectories", ns.trajectories),
-                                   ("--draws", ns.draws), ("--versus", ns.versus), ("--manifest", ns.manifest))
+                                   ("--draws", ns.draws), ("--versus", ns.versus), ("--manifest", ns.manifest),
+                                   ("--masks_x_domains", ns.masks_x_domains))
              if on]
     if len(views) > 1 or (views and views[0] != "--top_hparams" and pairs is not None):
         raise DomaingenError(f"{' and '.join(views + (['--paired'] if pairs is not None else []))} each replace "
                              "the tables: use one of them")
+    if ns.masks_x_domains and ns.fields:
+        raise DomaingenError("--masks_x_domains replaces the tables with its own; drop --fields")
     if ns.manifest and ns.fields:
         raise DomaingenError("--manifest replaces the tables with its own; drop --fields")
     if ns.versus and ns.fields:
@@ -256,6 +259,11 @@ def collect_command(ns: argparse.Namespace) -> int:
         from domaingen.tables.provenance import manifest_summary
 
         return _write(manifest_summary(collection, ns.format), ns.output)
+    if ns.masks_x_domains:
+        from domaingen.inspect.masks_over_trials import masks_matrix_tables, matrix_text
+
+        tables = masks_matrix_tables(collection, ns.input_dir, ns.hparams_choice)
+        return _write(matrix_text(tables, ns.format, ns.error), ns.output)
     if ns.trajectories or ns.draws:
         from domaingen.tables.views import draws_table, render, trajectories
 
