@@ -192,3 +192,19 @@ def test_collect_masks_x_domains_refuses_latex_and_a_sweep_without_matrices(dmg_
     err = capsys.readouterr().err
     assert code == 2 and err.strip().count("\n") == 0 and not (tmp_path / "o.md").exists()
     assert "no selected run here has a mask-by-domain matrix: run `domaingen evaluate RUN --masks_x_domains`" in err
+
+
+def test_report_draws_the_mean_matrix_over_trials(dmg_sweep, tmp_path, capsys):
+    pytest.importorskip("matplotlib")
+    from domaingen.inspect.report import build_report
+
+    (dmg_sweep / "dmg2" / "diagnostics.json").unlink(missing_ok=True)  # trial 2 has no matrix: named, not averaged
+    matrices = [np.array(json.loads((dmg_sweep / name / "diagnostics.json").read_text())["masks_x_domains"]["accuracy"])
+                for name in ("dmg0", "dmg1")]
+    report = build_report(dmg_sweep, tmp_path / "out", keep_figures=True)
+    figure = next(f for f in report.figures if f.name == "mean_ColoredMNIST_DMG_2_masks_x_domains.png")
+    image = figure.figure.axes[0].get_images()[0]
+    assert np.allclose(image.get_array(), 100 * (matrices[0] + matrices[1]) / 2)
+    assert "mean over trials [0, 1] of the runs training-domain validation selects" in figure.caption
+    assert "left out: dmg2 (trial 2: no matrix)" in figure.caption
+    assert "mean over trials (training-domain validation)" in report.page.read_text()

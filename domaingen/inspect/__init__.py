@@ -32,7 +32,7 @@ keeps it) and `report` draws it as a heatmap (masks_x_domains.py). Over a sweep,
 `domaingen collect --input_dir DIR --masks_x_domains [--format csv]` averages the matrices
 of the runs training-domain validation selects, cell by cell over trials, with the tables'
 error bar, and names each selected run it left out (no matrix, or one of another step)
-(masks_over_trials.py).
+(masks_over_trials.py); `report` draws those means as heatmaps too.
 
 ### `domaingen diagnose`: what the network does inside
 

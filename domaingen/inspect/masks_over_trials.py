@@ -44,6 +44,7 @@ class MatrixTable:
     trials: list[int] = field(default_factory=list)
     steps: list[int] = field(default_factory=list)
     unevaluated: list[str] = field(default_factory=list)  # "run (why)" for selected runs left out
+    matrix: dict = field(default_factory=dict)  # the mean matrix in `evaluate --masks_x_domains`'s layout (report)
 
 
 def _read_matrix(run_dir: Path) -> dict | None:
@@ -102,9 +103,10 @@ def masks_matrix_tables(collection: Collection, input_dir: str | Path,
         rows, columns = _labels(found[0][2], algorithm)
         cells = [[Cell(values=[float(m["accuracy"][i][j]) for _, _, m in found]) for j in range(len(columns))]
                  for i in range(len(rows))]
+        mean = {**found[0][2], "accuracy": [[cell.mean for cell in row] for row in cells]}
         tables.append(MatrixTable(dataset, algorithm, int(test_env), rows, columns, cells,
                                   trials=[t for t, _, _ in found], steps=[s for _, s, _ in found],
-                                  unevaluated=unevaluated))
+                                  unevaluated=unevaluated, matrix=mean))
     if not any(t.cells for t in tables):
         raise DomaingenError("no selected run here has a mask-by-domain matrix: run `domaingen evaluate RUN "
                              "--masks_x_domains` on the DMG or MultiHead runs first")

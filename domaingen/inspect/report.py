@@ -25,6 +25,7 @@ from typing import Any, Sequence
 import numpy as np
 import pandas as pd
 
+from domaingen.inspect.masks_over_trials import masks_matrix_tables
 from domaingen.inspect.masks_x_domains import SECTION as MASKS_X_DOMAINS, applied
 from domaingen.tables.collect import Collection, collect
 from domaingen.errors import DomaingenError
@@ -329,9 +330,11 @@ SPLIT_NOTES = {"out": "(out): a training environment's validation split, which m
                "in": "(in): the held-out environment's in split, which the test tables report"}
 
 
-def masks_x_domains_heatmap(name: str, label: str, matrix: dict[str, Any], plt, algorithm: str = "DMG") -> FigureSpec:
+def masks_x_domains_heatmap(name: str, label: str, matrix: dict[str, Any], plt, algorithm: str = "DMG",
+                            source: str | None = None) -> FigureSpec:
     """The mask-by-domain matrix of `evaluate --masks_x_domains` (DMG's Table 4) as an annotated heatmap;
-    for MultiHead the rows apply each domain's head."""
+    for MultiHead the rows apply each domain's head. `source` replaces the caption's "evaluate
+    --masks_x_domains, <checkpoint> checkpoint, step <step>" (a mean over trials says so)."""
     unit = applied(algorithm)
     values = np.array(matrix["accuracy"], dtype=float) * 100
     columns, train_rows = matrix["columns"], matrix["train_rows"]
@@ -348,10 +351,11 @@ def masks_x_domains_heatmap(name: str, label: str, matrix: dict[str, Any], plt, 
     ensembles = {"Pred-Ens": f"Pred-Ens (the default prediction: the mean of the logits under every {unit})",
                  "Mask-Ens": "Mask-Ens (one network under the mean of the masks)"}
     splits = "; ".join(note for split, note in SPLIT_NOTES.items() if split in matrix["splits"])
+    source = source or f"evaluate --masks_x_domains, {matrix.get('checkpoint')} checkpoint, step {matrix.get('step')}"
     caption = (f"{label}: accuracy (%) of each training domain's {unit} (known-domain prediction: rows "
                f"\"{unit} <environment>\") applied to every example of every environment, then "
                f"{' and '.join(ensembles[r] for r in matrix['rows'][train_rows:] if r in ensembles)} "
-               f"(evaluate --masks_x_domains, {matrix.get('checkpoint')} checkpoint, step {matrix.get('step')}). "
+               f"({source}). "
                f"Each column reads one split, in brackets: {splits}; white lines set the held-out column(s) (*) "
                "apart. Colours span 0-100 % in every such figure, so algorithms compare.")
     return FigureSpec(f"{name}_masks_x_domains.png", caption, fig,
@@ -834,6 +838,7 @@ def build_report(sweep_dir: str | Path, output_dir: str | Path, selection: str =
     bar_figures = [accuracy_bars(t, plt) for t in test_tables]
     figures += bar_figures
     parts += _write_figures(bar_figures, output, plt) if not keep_figures else [_figure_html(f, _png(f)) for f in bar_figures]
+    parts += _masks_over_trials_html(collection, root, output, plt, keep_figures, figures)
     run_dirs = {run: root / run if (root / run).is_dir() else root for run in records["run"].unique()}
     overrides = {run: json.dumps(run_overrides(path), sort_keys=True) for run, path in run_dirs.items()}
     chosen = selected_runs(records, selection, overrides)
@@ -864,6 +869,29 @@ def build_report(sweep_dir: str | Path, output_dir: str | Path, selection: str =
     page.write_text(_page(title, parts, {"figures": {f.name: f.data for f in figures}}))
     message = f"wrote {page} ({len(figures)} figures, {len(chosen)} selected runs)"
     return Report(page, figures, message)
+
+
+def _masks_over_trials_html(collection: Collection, root: Path, output: Path, plt, keep_figures: bool,
+                            figures: list[FigureSpec]) -> list[str]:
+    """The section of `collect --masks_x_domains`'s mean matrices as heatmaps (none when no run has a matrix);
+    the figures are appended to `figures`."""
+    try:
+        tables = [t for t in masks_matrix_tables(collection, root) if t.cells]
+    except DomaingenError:
+        return []
+    specs = []
+    for t in tables:
+        trials = f"{len(t.trials)} trial{'s' if len(t.trials) > 1 else ''}"
+        label = f"{t.dataset} {t.algorithm} (test env {t.test_env}), mean of {trials}"
+        name = re.sub(r"\W+", "_", f"mean_{t.dataset}_{t.algorithm}_{t.test_env}")
+        left_out = f"; left out: {'; '.join(t.unevaluated)}" if t.unevaluated else ""
+        source = (f"mean over trials {t.trials} of the runs training-domain validation selects, at their selected "
+                  f"steps {', '.join(map(str, t.steps))}{left_out}; collect --masks_x_domains prints the ± per cell")
+        specs.append(masks_x_domains_heatmap(name, label, t.matrix, plt, t.algorithm, source))
+    figures += specs
+    parts = ["<h2>Every mask (or head) on every domain, mean over trials (training-domain validation)</h2>"]
+    parts += _write_figures(specs, output, plt) if not keep_figures else [_figure_html(f, _png(f)) for f in specs]
+    return parts
 
 
 Job = tuple[str, str, str, list[int], int]  # run directory, figure name stem, label, test envs, selected step
