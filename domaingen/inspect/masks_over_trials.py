@@ -26,9 +26,9 @@ from domaingen.run.rundir import RESULTS
 from domaingen.tables.collect import Collection
 from domaingen.tables.reporting import ERROR_TITLES, Cell
 from domaingen.tables.selection import select
+from domaingen.tables.views import FORMATS
 
 DIAGNOSTICS = "diagnostics.json"
-FORMATS = ("markdown", "csv")
 
 
 @dataclass

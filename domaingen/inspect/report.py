@@ -837,7 +837,7 @@ def build_report(sweep_dir: str | Path, output_dir: str | Path, selection: str =
     parts.append(f"<h2>Test accuracy ({html.escape(METHOD_TITLES[selection])})</h2>")
     bar_figures = [accuracy_bars(t, plt) for t in test_tables]
     figures += bar_figures
-    parts += _write_figures(bar_figures, output, plt) if not keep_figures else [_figure_html(f, _png(f)) for f in bar_figures]
+    parts += _figures_html(bar_figures, output, plt, keep_figures)
     parts += _masks_over_trials_html(collection, root, output, plt, keep_figures, figures)
     run_dirs = {run: root / run if (root / run).is_dir() else root for run in records["run"].unique()}
     overrides = {run: json.dumps(run_overrides(path), sort_keys=True) for run, path in run_dirs.items()}
@@ -871,6 +871,11 @@ def build_report(sweep_dir: str | Path, output_dir: str | Path, selection: str =
     return Report(page, figures, message)
 
 
+def _figures_html(specs: list[FigureSpec], output: Path, plt, keep_figures: bool) -> list[str]:
+    """The figures' HTML: written to PNG files beside the page, or inlined (and kept open) for tests."""
+    return [_figure_html(f, _png(f)) for f in specs] if keep_figures else _write_figures(specs, output, plt)
+
+
 def _masks_over_trials_html(collection: Collection, root: Path, output: Path, plt, keep_figures: bool,
                             figures: list[FigureSpec]) -> list[str]:
     """The section of `collect --masks_x_domains`'s mean matrices as heatmaps (none when no run has a matrix);
@@ -890,7 +895,7 @@ def _masks_over_trials_html(collection: Collection, root: Path, output: Path, pl
         specs.append(masks_x_domains_heatmap(name, label, t.matrix, plt, t.algorithm, source))
     figures += specs
     parts = ["<h2>Every mask (or head) on every domain, mean over trials (training-domain validation)</h2>"]
-    parts += _write_figures(specs, output, plt) if not keep_figures else [_figure_html(f, _png(f)) for f in specs]
+    parts += _figures_html(specs, output, plt, keep_figures)
     return parts
 
 
