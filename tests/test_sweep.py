@@ -208,11 +208,14 @@ def test_killed_sweep_resumes_only_missing_work_and_gives_the_same_table(tmp_pat
     seen_mid_run = False
     deadline = time.time() + 120
     while time.time() < deadline and not seen_mid_run:
-        for run in killed.glob("*/results.jsonl") if killed.exists() else []:
-            if not (run.parent / "done").exists() and len(run.read_text().splitlines()) >= 2:
-                if any((p / "done").exists() for p in killed.iterdir() if p.is_dir()):
-                    seen_mid_run = True
-                    break
+        # The done set is read once, before the records: a job that finishes between two reads
+        # must not count both as the finished one and as the one caught mid-run. The job caught
+        # must be early in its 400 steps (at most step 100 recorded), so the kill lands before it ends.
+        done_now = {p.name for p in killed.iterdir() if (p / "done").exists()} if killed.exists() else set()
+        for run in killed.glob("*/results.jsonl") if done_now else []:
+            if run.parent.name not in done_now and 2 <= len(run.read_text().splitlines()) <= 3:
+                seen_mid_run = True
+                break
         else:
             time.sleep(0.02)
     os.killpg(proc.pid, signal.SIGKILL)
