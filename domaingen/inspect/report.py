@@ -188,7 +188,8 @@ def accuracy_bars(table, plt, error: str = "domainbed") -> FigureSpec:
     ± the tables' error bar (`error`: "domainbed", "se" or "std", as `collect --error`)."""
     envs = [c for c in table.columns if not c.startswith("Avg")]
     algorithms = list(table.rows)
-    fig, ax = plt.subplots(figsize=(max(5, 1.2 * len(envs) * max(1, len(algorithms)) / 2 + 2), 3.2), dpi=DPI)
+    fig, ax = plt.subplots(figsize=(max(5, 1.2 * len(envs) * max(1, len(algorithms)) / 2 + 2), 3.4), dpi=DPI,
+                           layout="constrained")
     width = 0.8 / max(1, len(algorithms))
     data: dict[str, Any] = {"environments": envs, "bars": {}}
     for k, algorithm in enumerate(algorithms):
@@ -196,14 +197,17 @@ def accuracy_bars(table, plt, error: str = "domainbed") -> FigureSpec:
         heights = [100 * c.mean if c.values else math.nan for c in cells]
         errors = [100 * c.spread(error) if c.n > 1 else 0.0 for c in cells]
         x = np.arange(len(envs)) + (k - (len(algorithms) - 1) / 2) * width
-        ax.bar(x, np.nan_to_num(heights), width, yerr=errors, capsize=3, label=algorithm)
+        # a cell of one trial has no error bar: NaN draws none, where 0 would draw a cap
+        shown = [e if c.n > 1 else math.nan for e, c in zip(errors, cells)]
+        ax.bar(x, np.nan_to_num(heights), 0.9 * width, yerr=shown, capsize=3, label=algorithm)
         data["bars"][algorithm] = {"mean": heights, "error": errors}
     ax.set_xticks(np.arange(len(envs)), envs)
+    ax.set_xlabel("held-out environment")
     ax.set_ylabel("test accuracy (%)")
     ax.set_ylim(0, 100)
-    ax.legend(fontsize=8, ncol=min(4, len(algorithms)))
+    # beside the axes, never over a bar
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
     ax.set_title(table.title, fontsize=9)
-    fig.subplots_adjust(left=0.1, right=0.98, bottom=0.12, top=0.88)
     key = re.sub(r"\W+", "_", table.key)
     caption = f"{table.title}: mean over trials; {error_note(error, [table], averages=False)}."
     return FigureSpec(f"bars_{key}.png", caption, fig, data)
