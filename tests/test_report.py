@@ -109,6 +109,8 @@ def test_heatmap_and_selectivity_histograms(sweep, tmp_path):
     figures = figures_by_name(build_report(sweep, tmp_path / "out", keep_figures=True))
     image = figures["ColoredMNIST_DMG_test_env_2_heatmap.png"].figure.axes[0].get_images()[0]
     assert np.allclose(image.get_array(), torch.sigmoid(torch.tensor([[2.0, -1.0, 0.0], [-3.0, 1.0, 0.5]])).numpy())
+    colorbar = image.colorbar  # the scale the colours read on: probabilities, fixed at 0 to 1
+    assert colorbar.ax.get_ylabel() == "sigmoid(mask logit)" and tuple(colorbar.mappable.get_clim()) == (0.0, 1.0)
     ax = figures["ColoredMNIST_ERM_test_env_2_selectivity.png"].figure.axes[0]
     bins = np.linspace(0, 1, 21)
     heights = [p.get_height() for p in ax.patches]

@@ -269,7 +269,7 @@ def small_multiples(name: str, label: str, records, keys: Sequence[str], what: s
 
 def mask_curves(name: str, label: str, records, keys: Sequence[str], plt) -> FigureSpec:
     """Mask statistics over steps on one axis (DMG's IoU per layer, ModReg's kept fraction per layer)."""
-    fig, ax = plt.subplots(figsize=(5.5, 3.2), dpi=DPI)
+    fig, ax = plt.subplots(figsize=(5.5, 3.2), dpi=DPI, layout="constrained")
     data: dict[str, Any] = {}
     for key in keys:
         xs, ys = _series(records, key)
@@ -277,23 +277,30 @@ def mask_curves(name: str, label: str, records, keys: Sequence[str], plt) -> Fig
         data[key] = {"x": xs, "y": ys}
     ax.set_xlabel("step")
     ax.set_ylim(-0.02, 1.02)
+    ax.set_ylabel("IoU / kept fraction")
     ax.legend(fontsize=6)
-    ax.set_title(f"{label}: mask IoU / kept fraction", fontsize=9)
-    fig.subplots_adjust(left=0.12, right=0.97, bottom=0.15, top=0.9)
+    ax.set_title(_wrap(f"{label}: mask IoU / kept fraction", 5.0, 9), fontsize=9)
     return FigureSpec(f"{name}_masks.png", f"{label}: mask statistics over steps (IoU between domains' masks, "
                       "fraction of weights kept).", fig, data)
 
 
 def mask_heatmaps(name: str, label: str, matrices: dict[str, list[list[float]]], plt) -> FigureSpec:
     """Domain x neuron mask probabilities, one panel per masked layer."""
-    fig, axes = plt.subplots(len(matrices), 1, figsize=(6, 0.5 + 0.9 * len(matrices)), dpi=DPI, squeeze=False)
+    fig, axes = plt.subplots(len(matrices), 1, figsize=(6, 0.9 + 0.9 * len(matrices)), dpi=DPI, squeeze=False,
+                             layout="constrained")
+    image = None
     for ax, (layer, matrix) in zip(axes[:, 0], matrices.items()):
-        ax.imshow(np.array(matrix, dtype=float), aspect="auto", vmin=0, vmax=1, cmap="viridis", interpolation="nearest")
+        image = ax.imshow(np.array(matrix, dtype=float), aspect="auto", vmin=0, vmax=1, cmap="viridis",
+                          interpolation="nearest")
         ax.set_title(layer, fontsize=8)
         ax.set_ylabel("domain", fontsize=7)
         ax.tick_params(labelsize=6)
-    fig.suptitle(f"{label}: sigmoid(mask logit) per domain (rows) and neuron", fontsize=9)
-    fig.subplots_adjust(left=0.1, right=0.97, bottom=0.08, top=1 - 0.4 / (0.5 + 0.9 * len(matrices)), hspace=0.8)
+    axes[-1, 0].set_xlabel("neuron (a channel where a convolution reads it)", fontsize=7)
+    if image is not None:
+        bar = fig.colorbar(image, ax=axes[:, 0].tolist(), fraction=0.04, pad=0.02)
+        bar.set_label("sigmoid(mask logit)", fontsize=7)
+        bar.ax.tick_params(labelsize=6)
+    fig.suptitle(_wrap(f"{label}: sigmoid(mask logit) per domain (rows) and neuron", 6, 9), fontsize=9)
     return FigureSpec(f"{name}_heatmap.png", f"{label}: the selected model's per-domain neuron mask probabilities "
                       "(yellow: kept).", fig, {k: v for k, v in matrices.items()})
 
