@@ -128,12 +128,11 @@ def test_report_bars_use_the_tables_error_bar():
     assert figure.data["bars"]["ERM"]["error"] == pytest.approx([100 * .1 / 2 ** .5, 100 * .1 / 2 ** .5, 100 * .05 / 2 ** .5])
 
 
-
 def test_report_bars_draw_no_error_bar_for_a_one_trial_cell():
     plt = pytest.importorskip("matplotlib.pyplot")
-    from domaingen.inspect.report import accuracy_bars
-
     from matplotlib.container import BarContainer
+
+    from domaingen.inspect.report import accuracy_bars
 
     # env 0 held out in trials at .40 and .60; env 1 in one trial only
     rows = [rec("A", [0], 0, t, 5, [.4 + .2 * t, .9], [.5, .5]) for t in range(2)] + [rec("A", [1], 0, 0, 5, [.9, .3], [.5, .5])]
@@ -148,6 +147,7 @@ def test_report_bars_draw_no_error_bar_for_a_one_trial_cell():
     assert (high[1] - low[1]) / 2 == pytest.approx(100 * .1 / 2 ** .5)  # DomainBed's std(x / sqrt(n)), ddof 0
     assert len(one_trial) == 0 and figure.data["bars"]["A"]["error"][1] == 0.0  # one trial: no bar
     assert np.isfinite(caps_y).sum() == 2  # and no cap: the two caps are the first bar's
+
 
 # ---- LaTeX minus ---------------------------------------------------------------------------------
 
