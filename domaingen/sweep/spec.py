@@ -26,13 +26,27 @@ from domaingen.algorithms import ALGORITHMS
 from domaingen.datasets import DATASETS, check_in_domain_test
 from domaingen.errors import DomaingenError
 from domaingen.run.eval_plan import DEFAULT_EVAL_SPLITS, LOO_EVAL_SPLITS, check_eval_splits
-from domaingen.hparams import run_space
 from domaingen.plugins import load_plugins, merge_specs
 from domaingen.run.runlock import is_locked
 from domaingen.run.rundir import DONE_STATE, FAILED_STATE, INCOMPLETE, NOT_LAUNCHED, RunDirectory, atomic_write_bytes
-from domaingen.run.precision import REQUESTED_PRECISIONS
-from domaingen.run.protocol import DEFAULT_PROTOCOL, DOMAINBED, PROTOCOLS, check_domainbed_problem
-from domaingen.run.training import NON_IDENTITY_ARGS, TrainConfig
+from domaingen.hparams import apply_overrides, parse_overrides, run_space
+from domaingen.run.protocol import DEFAULT_PROTOCOL, DOMAINBED, check_domainbed_problem
+from domaingen.run.settings import (
+    BOOL,
+    INT,
+    NAMES,
+    Kind,
+    as_field,
+    check_value,
+    closest,
+    command_line,
+    declared,
+    environment_token,
+    job_identity,
+    left_out_of_id,
+    setting,
+)
+from domaingen.run.training import SETTINGS, SWEEP_SETTINGS, TrainConfig
 
 SPEC_FILE = "sweep.json"
 STATES = (DONE_STATE, INCOMPLETE, FAILED_STATE, NOT_LAUNCHED)
@@ -42,31 +56,60 @@ class SpecError(DomaingenError):
     """A sweep spec that cannot be used."""
 
 
+def _at_least_one(value: int) -> str | None:
+    return None if value >= 1 else f"at least 1, got {value}"
+
+
+def _nonempty(value: list) -> str | None:
+    return None if value else "a non-empty list of names"
+
+
+def _is_set_entry(value: Any) -> bool:
+    entry = value if isinstance(value, list) else [value]
+    return bool(entry) and all(isinstance(e, str) or isinstance(e, int) and not isinstance(e, bool) for e in entry)
+
+
+def _environment_set_text(text: str) -> list[int | str]:
+    tokens = [t for t in text.split(",") if t.strip()]
+    if not tokens:
+        raise ValueError(text)
+    return [environment_token(t) for t in tokens]
+
+
+ENVIRONMENT_SETS = Kind('a list of held-out sets, e.g. [2] (environment 2), ["-90%"] (by name) or [[0], [1, 2]] '
+                        "(two runs)", _environment_set_text,
+                        lambda v: isinstance(v, list) and all(_is_set_entry(e) for e in v))
+TABLE = Kind("a table", str, lambda v: isinstance(v, dict))
+TABLES = Kind("an array of tables ([[parts]])", str, lambda v: isinstance(v, list) and all(isinstance(e, dict) for e in v))
+
+
 @dataclass
-class SweepSpec:
-    """What a sweep runs: every algorithm x dataset x test-env set x hparams draw x trial."""
+class _SweepKeys:
+    """The keys only a sweep has: what it runs. The run settings a sweep may set are added to these
+    from their declaration (run.training.TrainConfig)."""
 
-    algorithms: list[str]
-    datasets: list[str]
-    test_envs: list[list[int | str]] | None = None  # held-out sets, indices or names; None: every single one
-    pairs: bool = False  # add every pair of environments (leave-one-domain-out selection)
-    n_hparams: int = 20  # hparams_seed 0 (defaults) .. n_hparams - 1
-    n_trials: int = 3
-    steps: int | None = None  # None: each dataset's N_STEPS
-    checkpoint_freq: int | None = None
-    holdout_fraction: float = 0.2
-    precision: str = "fp32"
-    eval_splits: str | None = None  # None: the default (eval_plan); not part of a job's id unless set
-    train_in_every: int | None = None
-    in_domain_test: float | None = None  # a third split of each training domain (run.training); None: off
-    hparams: dict[str, Any] = field(default_factory=dict)  # overrides for every job
-    algorithm_hparams: dict[str, dict[str, Any]] = field(default_factory=dict)  # per algorithm
-    # [[parts]]: sub-sweeps, each the top-level keys overridden by its own; their jobs run in order
-    parts: list[dict[str, Any]] = field(default_factory=list)
-    # plugin modules the jobs load (domaingen.plugins); not part of the sweep's identity
-    plugins: list[str] = field(default_factory=list)
-    protocol: str = DEFAULT_PROTOCOL  # paired or domainbed (domaingen.run.protocol)
+    algorithms: list[str] = setting(kind=NAMES, check=_nonempty, required=True,
+                                    help="algorithm names (any case), X+MODIFIER for compositions")
+    datasets: list[str] = setting(kind=NAMES, check=_nonempty, required=True, help="dataset names (any case)")
+    test_envs: list[list[int | str]] | None = setting(
+        None, kind=ENVIRONMENT_SETS, optional=True, metavar="SET",
+        help="held-out sets, one run each: indices or names, a set's environments joined by commas (--test_envs 2 "
+             "0,1 holds out 2, then 0 and 1; --test_envs -90%%); default: every single environment")
+    pairs: bool = setting(False, kind=BOOL, help="add every pair of test environments (leave-one-domain-out "
+                                                 "selection needs them)")
+    n_hparams: int = setting(20, kind=INT, check=_at_least_one, help="hparams_seed 0 (defaults) .. n_hparams - 1")
+    n_trials: int = setting(3, kind=INT, check=_at_least_one, help="trial_seed 0 .. n_trials - 1")
+    algorithm_hparams: dict[str, dict[str, Any]] = setting(
+        {}, kind=TABLE, help="per algorithm, hyperparameter overrides ([algorithm_hparams.NAME])")
+    parts: list[dict[str, Any]] = setting(
+        [], kind=TABLES, help="sub-sweeps, each the top-level keys overridden by its own; their jobs run in order")
 
+
+def _spec_fields() -> list[tuple[str, Any, Any]]:
+    return [(item.name, Any, as_field(item)) for item in (*declared(_SweepKeys), *SWEEP_SETTINGS)]
+
+
+class _SweepSpecMethods:
     def sub_specs(self) -> list["SweepSpec"]:
         """The parts as complete specs (a spec without parts is its own single part)."""
         if not self.parts:
@@ -79,78 +122,66 @@ class SweepSpec:
         return json.loads(json.dumps(dataclasses.asdict(self), sort_keys=True))
 
 
-SPEC_KEYS = {f.name for f in dataclasses.fields(SweepSpec)}
-
-
-def _expect(key: str, value: Any, kind: type | tuple[type, ...], what: str) -> None:
-    if not isinstance(value, kind) or isinstance(value, bool) and kind is not bool:
-        raise SpecError(f"spec key '{key}' must be {what}, got {value!r}")
+SweepSpec = dataclasses.make_dataclass("SweepSpec", _spec_fields(), bases=(_SweepSpecMethods,))
+SweepSpec.__module__ = __name__  # picklable by name, as a class statement here would be
+SweepSpec.__doc__ = ("What a sweep runs: every algorithm x dataset x test-env set x hparams draw x trial, with the "
+                     "run settings every job shares.")
+SPEC_SETTINGS = declared(SweepSpec)
+SPEC_KEYS = {item.name for item in SPEC_SETTINGS}
 
 
 def parse_spec(data: Mapping[str, Any], source: str = "spec") -> SweepSpec:
-    """Validate raw spec data (from TOML or flags); every problem names its key."""
-    unknown = sorted(set(data) - SPEC_KEYS)
-    if unknown:
-        raise SpecError(f"{source}: unknown key(s) {', '.join(unknown)}; valid keys: {', '.join(sorted(SPEC_KEYS))}")
+    """Validate raw spec data (from TOML or flags); every problem names its key and `source`."""
+    for key in data:
+        if key not in SPEC_KEYS:
+            raise SpecError(f"{source}: unknown key '{key}'{closest(key, SPEC_KEYS)} (valid keys: "
+                            f"{', '.join(sorted(SPEC_KEYS))})")
     if data.get("plugins") is not None:
-        _expect("plugins", data["plugins"], list, "a list of plugin modules or .py paths")
+        _check(data, "plugins", source)
         load_plugins(data["plugins"])  # before the names below are checked: plugins register them
     if data.get("parts"):
         return _parse_parts(data, source)
     for key in ("algorithms", "datasets"):
         if key not in data:
             raise SpecError(f"{source}: missing key '{key}'")
-        _expect(key, data[key], list, "a list of names")
-        if not data[key]:
-            raise SpecError(f"{source}: '{key}' is empty")
+    for key in data:
+        _check(data, key, source)
     data = {**data, **_canonical_names(data, source)}
-    for key in ("n_hparams", "n_trials"):
-        if key in data:
-            _expect(key, data[key], int, "a positive integer")
-            if data[key] < 1:
-                raise SpecError(f"{source}: '{key}' must be at least 1, got {data[key]}")
-    for key in ("steps", "checkpoint_freq"):
-        if data.get(key) is not None:
-            _expect(key, data[key], int, "a positive integer")
-            if data[key] < 1:
-                raise SpecError(f"{source}: '{key}' must be at least 1, got {data[key]}")
-    if "pairs" in data:
-        _expect("pairs", data["pairs"], bool, "true or false")
-    if "precision" in data and data["precision"] not in REQUESTED_PRECISIONS:
-        raise SpecError(
-            f"{source}: 'precision' must be one of {', '.join(REQUESTED_PRECISIONS)}, got {data['precision']!r}"
-        )
     try:
         check_eval_splits(data.get("eval_splits"), data.get("train_in_every"))
+        check_in_domain_test(data.get("in_domain_test"), float(data.get("holdout_fraction", 0.2)))
     except DomaingenError as exc:
         raise SpecError(f"{source}: {exc}") from None
-    if "protocol" in data and data["protocol"] not in PROTOCOLS:
-        raise SpecError(f"{source}: 'protocol' must be one of {', '.join(PROTOCOLS)}, got {data['protocol']!r}")
     if data.get("protocol") == DOMAINBED:
         for algorithm, dataset in itertools.product(data["algorithms"], data["datasets"]):
             try:
                 check_domainbed_problem(algorithm, dataset)
             except DomaingenError as exc:
                 raise SpecError(f"{source}: {exc}") from None
-    if "holdout_fraction" in data:
-        _expect("holdout_fraction", data["holdout_fraction"], (int, float), "a number in [0, 1)")
-    try:
-        check_in_domain_test(data.get("in_domain_test"), float(data.get("holdout_fraction", 0.2)))
-    except DomaingenError as exc:
-        raise SpecError(f"{source}: {exc}") from None
     if data.get("test_envs") is not None:
-        data = {**data, "test_envs": _environment_sets(data["test_envs"], source)}
-    if "hparams" in data:
-        _expect("hparams", data["hparams"], dict, "a table of hyperparameter overrides")
-    if "algorithm_hparams" in data:
-        _expect("algorithm_hparams", data["algorithm_hparams"], dict, "a table of tables, one per algorithm")
-        for name, table in data["algorithm_hparams"].items():
-            if name not in data["algorithms"]:
-                raise SpecError(f"{source}: 'algorithm_hparams.{name}' names an algorithm the spec does not run")
-            _expect(f"algorithm_hparams.{name}", table, dict, "a table of hyperparameter overrides")
+        data = {**data, "test_envs": [e if isinstance(e, list) else [e] for e in data["test_envs"]]}
+    for name, table in data.get("algorithm_hparams", {}).items():
+        if name not in data["algorithms"]:
+            raise SpecError(f"{source}: 'algorithm_hparams.{name}' names an algorithm the spec does not run")
+        if not isinstance(table, dict):
+            raise SpecError(f"{source}: key 'algorithm_hparams.{name}' must be a table of hyperparameter overrides, "
+                            f"got {table!r}")
+    if isinstance(data.get("hparams"), str):
+        data = {**data, "hparams": parse_overrides(data["hparams"])}
     spec = SweepSpec(**{k: data[k] for k in data})
     _check_overrides(spec, source)
     return spec
+
+
+_SPEC_SETTING = {item.name: item for item in SPEC_SETTINGS}
+
+
+def _check(data: Mapping[str, Any], key: str, source: str) -> None:
+    """One key's type and range: one line naming `source` and the key."""
+    try:
+        check_value(_SPEC_SETTING[key], data[key], f"{source}, key '{key}'")
+    except DomaingenError as exc:
+        raise SpecError(str(exc)) from None
 
 
 def _canonical_names(data: Mapping[str, Any], source: str) -> dict[str, Any]:
@@ -166,32 +197,10 @@ def _canonical_names(data: Mapping[str, Any], source: str) -> dict[str, Any]:
     return names
 
 
-def _is_environment(value: Any) -> bool:
-    return isinstance(value, str) or isinstance(value, int) and not isinstance(value, bool)
-
-
-def _environment_sets(value: Any, source: str) -> list[list[int | str]]:
-    """`test_envs` as a list of held-out sets: an entry that is one environment (2 or "-90%") is a
-    single-environment set, a list ([0, 1]) a set of its own; indices and names are resolved per
-    dataset (environment_sets)."""
-    example = 'test_envs = [2] (environment 2), ["-90%"] (by name) or [[0], [1, 2]] (two runs)'
-    if not isinstance(value, list):
-        raise SpecError(f"{source}: 'test_envs' must be a list, e.g. {example}; got {value!r}")
-    sets = []
-    for item in value:
-        entry = item if isinstance(item, list) else [item]
-        if not entry or not all(_is_environment(e) for e in entry):
-            raise SpecError(f"{source}: 'test_envs' entry {item!r} is not an environment index, name or list of "
-                            f"them; e.g. {example}")
-        sets.append(entry)
-    return sets
-
-
 def _parse_parts(data: Mapping[str, Any], source: str) -> SweepSpec:
-    _expect("parts", data["parts"], list, "an array of tables ([[parts]])")
+    _check(data, "parts", source)
     top = {k: v for k, v in data.items() if k != "parts"}
     for i, part in enumerate(data["parts"]):
-        _expect(f"parts[{i}]", part, dict, "a table")
         if "parts" in part:
             raise SpecError(f"{source}: parts[{i}] has parts of its own; parts do not nest")
         parse_spec({**top, **part}, f"{source}: parts[{i}]")
@@ -211,6 +220,10 @@ def _check_overrides(spec: SweepSpec, source: str) -> None:
                 f"valid names: {', '.join(sorted(space))}; put algorithm-specific ones under [algorithm_hparams.NAME]"
             )
         defaults = {name: hp.default for name, hp in space.items()}
+        try:
+            apply_overrides(defaults, overrides, space)
+        except DomaingenError as exc:
+            raise SpecError(f"{source}: {exc} (key 'hparams' or 'algorithm_hparams.{algorithm}')") from None
         try:  # values the algorithm refuses (a negative penalty weight) stop the launch, not each job
             ALGORITHMS.get(algorithm).check_hparams({**defaults, **overrides})
         except DomaingenError as exc:
@@ -255,8 +268,8 @@ class Job:
 
 
 def job_id(args: Mapping[str, Any]) -> str:
-    """A hash of the canonical job arguments (also the job's directory name)."""
-    canonical = json.dumps({k: v for k, v in args.items() if k not in NON_IDENTITY_ARGS}, sort_keys=True)
+    """A hash of the job's identity settings (also the job's directory name)."""
+    canonical = json.dumps(job_identity(SETTINGS, args), sort_keys=True)
     return hashlib.md5(canonical.encode()).hexdigest()
 
 
@@ -303,6 +316,10 @@ def build_jobs(spec: SweepSpec) -> list[Job]:
         unique = list({job.job_id: job for job in jobs}.values())
         return unique
     jobs = []
+    # the run settings every job shares, less those a job's id leaves out at their value
+    shared = {item.name: getattr(spec, item.name) for item in SWEEP_SETTINGS
+              if not left_out_of_id(item, getattr(spec, item.name))}
+    shared["plugins"] = list(spec.plugins)
     for dataset in spec.datasets:
         cls = DATASETS.get(dataset)
         steps = spec.steps or cls.N_STEPS
@@ -313,6 +330,7 @@ def build_jobs(spec: SweepSpec) -> list[Job]:
             has_pairs = any(len(s) > 1 for s in sets)
             for test_envs, hseed, trial in itertools.product(sets, range(spec.n_hparams), range(spec.n_trials)):
                 args = {
+                    **shared,
                     "dataset": dataset,
                     "algorithm": algorithm,
                     "test_envs": test_envs,
@@ -321,15 +339,7 @@ def build_jobs(spec: SweepSpec) -> list[Job]:
                     "trial_seed": trial,
                     "steps": steps,
                     "checkpoint_freq": freq,
-                    "holdout_fraction": spec.holdout_fraction,
-                    "precision": spec.precision,
-                    "plugins": list(spec.plugins),
                 }
-                # set only when asked for, so that the ids of sweeps launched before these keys existed stay
-                args.update({k: getattr(spec, k) for k in ("eval_splits", "train_in_every", "in_domain_test")
-                             if getattr(spec, k) is not None})
-                if spec.protocol != DEFAULT_PROTOCOL:  # paired jobs keep the ids they had before protocols
-                    args["protocol"] = spec.protocol
                 jobs.append(Job(job_id(args), args, _loo_evaluation(args, has_pairs)))
     if not jobs:
         raise SpecError("the sweep has no jobs; check algorithms, datasets and test_envs")
@@ -378,8 +388,9 @@ def prepare_sweep_dir(sweep_dir: str | os.PathLike, spec: SweepSpec, force: bool
     # the plugins loaded may differ between launches (an entry point installed since); they accumulate
     changed = sorted(k for k in set(recorded or {}) | set(wanted) if k != "plugins" and (recorded or {}).get(k) != wanted.get(k))
     if recorded is not None and changed and not force:
+        detail = "; ".join(f"{k}: {recorded.get(k)!r} there, {wanted.get(k)!r} now" for k in changed)
         raise DomaingenError(
-            f"{path} holds a sweep with a different spec (differs in: {', '.join(changed)}); "
+            f"{path} holds a sweep with a different spec ({detail}); "
             "use another --output_dir, or --force to launch this spec into it"
         )
     if recorded is not None and not force:
@@ -411,32 +422,12 @@ def delete_incomplete(jobs: Sequence[Job], sweep_dir: str | os.PathLike) -> list
 
 
 def train_command(job: Job, sweep_dir: str | os.PathLike, data_dir: str | None, loggers: Sequence[str] = ()) -> str:
-    """The `domaingen train` command line that runs one job (with the launch's loggers)."""
+    """The `domaingen train` command line that runs one job (with the launch's arguments and loggers)."""
     import shlex
 
-    a = {**job.args, **job.launch_args}
-    parts = [
-        "domaingen", "train",
-        "--dataset", a["dataset"],
-        "--algorithm", a["algorithm"],
-        "--test_envs", *map(str, a["test_envs"]),
-        "--hparams_seed", str(a["hparams_seed"]),
-        "--trial_seed", str(a["trial_seed"]),
-        "--steps", str(a["steps"]),
-        "--checkpoint_freq", str(a["checkpoint_freq"]),
-        "--holdout_fraction", str(a["holdout_fraction"]),
-        "--precision", a["precision"],
-        "--output_dir", str(job.directory(sweep_dir)),
-    ]
-    for key in ("eval_splits", "train_in_every", "in_domain_test", "protocol"):
-        if a.get(key) is not None:
-            parts += [f"--{key}", str(a[key])]
-    if a["hparams"]:
-        parts += ["--hparams", json.dumps(a["hparams"], sort_keys=True)]
-    if data_dir:
-        parts += ["--data_dir", data_dir]
-    if a.get("plugins"):
-        parts += ["--plugins", ",".join(a["plugins"])]
-    if loggers:
-        parts += ["--logger", *loggers]
+    values = {**job.args, **job.launch_args, "output_dir": str(job.directory(sweep_dir)), "data_dir": data_dir,
+              "loggers": list(loggers)}
+    parts = ["domaingen", "train", *command_line(SETTINGS, values)]
+    if values.get("plugins"):
+        parts += ["--plugins", ",".join(values["plugins"])]
     return shlex.join(parts)
