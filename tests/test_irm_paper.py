@@ -16,7 +16,8 @@ from domaingen.datasets import DATASETS, split_environments
 from domaingen.errors import DomaingenError
 from domaingen.hparams import draw_hparams
 from domaingen.networks import IRMPaperMLP, build_classifier
-from domaingen.run.training import MinibatchSampler, TrainConfig, resolve, train
+from domaingen.datasets.sampling import MinibatchSampler
+from domaingen.run.training import TrainConfig, resolve, train
 from tests.test_datasets import raw_images, raw_labels  # noqa: F401  (module fixtures)
 
 

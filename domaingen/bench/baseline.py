@@ -41,7 +41,11 @@ import domaingen
 here = os.path.dirname(domaingen.__file__)
 if os.path.isdir(os.path.join(here, "run")):  # the package layout with subpackages
     from domaingen.run.evaluation import autocast_context, evaluate
-    from domaingen.run.training import MinibatchSampler, TrainConfig
+    from domaingen.run.training import TrainConfig
+    try:
+        from domaingen.datasets.sampling import MinibatchSampler
+    except ImportError:  # a tree whose sampler lives in run.training
+        from domaingen.run.training import MinibatchSampler
     from domaingen.run.eval_plan import DEFAULT_EVAL_SPLITS, planned_splits
 else:
     from domaingen.evaluation import autocast_context, evaluate
