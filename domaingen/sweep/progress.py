@@ -7,7 +7,7 @@ checkpoint) by the sweep's throughput in steps per second: measured between this
 first refresh and now (steps reach the disk at checkpoints, so it settles after a few);
 before any step has been measured, from the jobs' latest records: their `step_time` plus their
 `eval_time` spread over the steps since the checkpoint before, over the jobs running (a record
-from before runs recorded `eval_time` leaves evaluation out, and its ETA is low). The watch ends
+without `eval_time` leaves evaluation out, and its ETA is low). The watch ends
 when every job is done or failed, when no job has run for two refreshes in a row after one
 did (the launcher stopped), or on Ctrl-C; started before a launch, it waits for one.
 """
