@@ -27,7 +27,8 @@ from domaingen.run.evaluation import ACCELERATOR_EVAL_BATCH_SIZE, CompiledPredic
 from domaingen.hparams import draw_hparams, run_space
 from domaingen.devices import place_model, resolve_device, to_device
 from domaingen.networks import MNIST_CNN
-from domaingen.run.training import MinibatchSampler, peak_memory_gb
+from domaingen.datasets.sampling import MinibatchSampler
+from domaingen.run.training import peak_memory_gb
 
 
 def cpu_time_counters() -> tuple[int, int] | None:

@@ -46,7 +46,7 @@ class Progress:
     steps_done: int  # over every job: its steps if done or failed, else its checkpointed steps
     steps_left: int
     step_time: float | None  # mean over the latest records read of step_time + eval_time per step covered
-    eval_counted: bool = False  # whether some record read had eval_time (runs from before it leave it out)
+    eval_counted: bool = False  # whether some record read had eval_time (a record without it leaves evaluation out)
     eta_s: float | None = None
     rate: float | None = None  # measured steps per second
     finished: bool = False
