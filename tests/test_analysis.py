@@ -11,7 +11,7 @@ from torch import nn
 
 from domaingen.algorithms import ALGORITHMS
 from domaingen.errors import DomaingenError
-from domaingen.inspect.domain_masks import mask_overlap, masked_accuracy, train_weight_mask
+from domaingen.inspect.domain_masks import mask_overlap, masked_accuracy, train_mask_logits
 from domaingen.inspect.neurons import (
     activation_rates,
     capture_activations,
@@ -20,6 +20,7 @@ from domaingen.inspect.neurons import (
     neuron_activations,
     selectivity,
 )
+from domaingen.masks import eval_mask
 from domaingen.stats import histogram, summary
 
 # 6 examples of 3 classes; neuron 0: class means 2, 0, 2; neuron 1: 0, 2, 0; neuron 2: silent
@@ -165,7 +166,8 @@ def test_a_domain_mask_keeps_the_weight_the_task_needs_and_drops_the_unused_one(
     def loss(logits, labels):
         return nn.functional.binary_cross_entropy_with_logits(logits[:, 0], labels.float())
 
-    masks = train_weight_mask(forward, weights, batches(), loss, steps=400, lr=1e-2, alpha=1e-2)
+    logits = train_mask_logits(forward, weights, batches(), loss, steps=400, lr=1e-2, alpha=1e-2)
+    masks = {name: eval_mask(l).bool() for name, l in logits.items()}
     assert masks["w"].tolist() == [[True, False]]
     assert masked_accuracy(forward, weights, masks, iter([(x, y)])) == 1.0
     assert masked_accuracy(forward, weights, {"w": torch.tensor([[False, True]])}, iter([(x, y)])) == pytest.approx(

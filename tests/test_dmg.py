@@ -21,7 +21,7 @@ from domaingen.masks.neuron_masks import (
     DomainNeuronMasks,
     mean_pairwise_iou,
     neuron_mask_statistics,
-    soft_iou,
+    pairwise_soft_iou,
     straight_through_bernoulli,
 )
 from domaingen.run.rundir import RunDirectory
@@ -49,14 +49,17 @@ def hand_mlp_logits(algorithm, x: torch.Tensor, masks: list[torch.Tensor]) -> to
 # --- the mask primitives ---
 
 
-def test_soft_iou_equals_hand_computation():
+def test_pairwise_soft_iou_equals_hand_computation():
     a = torch.tensor([0.2, 0.9, 0.5])
     b = torch.tensor([0.6, 0.3, 0.5])
     inter = 0.2 * 0.6 + 0.9 * 0.3 + 0.5 * 0.5  # 0.64
     union = (0.2 + 0.6 - 0.12) + (0.9 + 0.3 - 0.27) + (0.5 + 0.5 - 0.25)  # 2.36
-    assert soft_iou(a, b).item() == pytest.approx(inter / union, rel=1e-6)
+    iou = pairwise_soft_iou(torch.stack([a, b]))
+    assert iou[0, 1].item() == pytest.approx(inter / union, rel=1e-6)
+    assert iou[1, 0].item() == pytest.approx(inter / union, rel=1e-6)
     # discrete masks: ordinary IoU; 2 shared of 4 used
-    assert soft_iou(torch.tensor([1.0, 1, 1, 0, 0]), torch.tensor([0.0, 1, 1, 1, 0])).item() == pytest.approx(0.5)
+    discrete = torch.tensor([[1.0, 1, 1, 0, 0], [0.0, 1, 1, 1, 0]])
+    assert pairwise_soft_iou(discrete, eps=0.0)[0, 1].item() == pytest.approx(0.5)
 
 
 def test_overlap_penalty_is_mean_over_pairs_summed_over_layers():

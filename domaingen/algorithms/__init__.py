@@ -1,7 +1,7 @@
 r"""The algorithm table. Importing this package imports every module in it, and so
 registers every built-in algorithm: a new algorithm is one new module here.
 
-Reference for ModReg and DMG (moved here from the README; `python -m pydoc domaingen.algorithms`):
+Reference for ModReg and DMG (`python -m pydoc domaingen.algorithms` prints it):
 
 ### ModReg: `X+ModReg` for any algorithm X
 
@@ -57,8 +57,8 @@ when the sweep was rerun on 2 CPU cores (`domaingen collect --draws` prints the 
 it is `results/modreg_defaults.md`, with the command in results/README.md). One trial per
 draw cannot separate the top four draws (83.6 to 81.8 mean validation): seed 0, the same
 values as seed 13 with another training seed, came third. Neither paper publishes alpha or beta.
-`modreg_init_logit` stays 2 (keep probability 0.88), domaingen's own choice, kept so that
-earlier ModReg results stay comparable: Csordás et al. (ICLR 2021) initialise the masks to a keep
+`modreg_init_logit` is 2 (keep probability 0.88), domaingen's own choice, the value behind
+every ModReg result in results/: Csordás et al. (ICLR 2021) initialise the masks to a keep
 probability of 0.9, a logit of ln 9 = 2.197 (set `modreg_init_logit` to 2.197 for theirs). Each
 record carries `modreg_penalty`, `modreg_s1`, `modreg_s2` and, per masked layer,
 `modreg_<layer>_kept_fraction`, `modreg_<layer>_inputs_kept` (input features that

@@ -19,8 +19,8 @@ class GroupDRO(FeaturizerClassifier):
     q_e <- q_e exp(eta R_e) / sum_f q_f exp(eta R_f), then takes one Adam step on
     sum_e q_e R_e (q held fixed). q starts uniform (all ones, normalised by the first
     update, as DomainBed's, so that the two agree to the last bit) and is a buffer, so
-    checkpoints carry it. The same update as DomainBed's (whose early versions divided the loss
-    by the number of groups a second time; it no longer does).
+    checkpoints carry it. The same update as DomainBed's at HEAD b93c22a (its early versions divided
+    the loss by the number of groups a second time).
     """
 
     HPARAMS = {

@@ -4,7 +4,7 @@ Run with DOMAINGEN_DATA pointing at real MNIST: python -m domaingen.bench [--onl
 
 `fullrun` and `jobs` compare this tree with a baseline commit (--baseline, default main or,
 where main already has issue 17's change, the commit before it) measured in the same run
-(see bench_baseline); `make bench` runs every section.
+(see baseline.py); `make bench` runs every section but peer and gpujobs.
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
-"""The `domaingen` command: argument parsing and printing only (main.py: train, list, download,
-collect; sweep_commands.py: sweep and collect; inspect_commands.py: evaluate, diagnose, report)."""
+"""The `domaingen` command: argument parsing and printing only (main.py: the parser, train, list
+and download; sweep_commands.py: sweep, collect and export; inspect_commands.py: evaluate,
+diagnose and report)."""
 
 from domaingen.cli.main import main
 

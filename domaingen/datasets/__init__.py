@@ -1,6 +1,6 @@
 r"""The dataset table. Importing this package registers every built-in dataset.
 
-Reference (moved here from the README; `python -m pydoc domaingen.datasets` prints it):
+Reference (`python -m pydoc domaingen.datasets` prints it):
 
 ## Data
 

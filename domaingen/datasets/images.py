@@ -161,9 +161,6 @@ class ImageFolderDataset(FileDomains):
         return per_domain[first]
 
 
-FolderDomains = ImageFolderDataset  # its name before it was public
-
-
 @DATASETS.register("PACS")
 class PACS(ImageFolderDataset):
     """Photo, art painting, cartoon and sketch images of 7 classes (Li et al., 2017)."""

@@ -1,6 +1,6 @@
 """Datasets of image files: environments as file lists, DomainBed's transforms, DataLoader workers.
 
-Shared by the folder datasets (PACS, DomainNet) and WILDS. One training DataLoader
+Shared by the folder datasets (PACS, DomainNet, OfficeHome, ...) and WILDS. One training DataLoader
 serves every training environment (each batch holds `batch_size` examples per
 environment) and one evaluation DataLoader serves every split; both keep their
 worker processes for the whole run.

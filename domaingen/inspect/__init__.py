@@ -1,7 +1,7 @@
 r"""Looking inside runs: `domaingen evaluate` and `diagnose` (diagnose.py, with neurons.py and
 domain_masks.py: pure functions, tested by hand) and the HTML report of a sweep (report.py).
 
-Reference (moved here from the README; `python -m pydoc domaingen.inspect` prints it):
+Reference (`python -m pydoc domaingen.inspect` prints it):
 
 ### `domaingen evaluate`: reload the selected model
 
@@ -16,8 +16,8 @@ undefined, `-`, on a held-out environment). The last line compares them with the
 record written at that step (`equal to the record of step 50 (18 accuracies)`).
 `--precision` evaluates the same weights in another precision than the run's own (what
 its `auto` resolved to where it started), and that last line then says how far the
-accuracies move. `--data_dir` defaults to the directory the run was trained from. A run made
-before runs kept `selected.pt` gets one line that says so and offers
+accuracies move. `--data_dir` defaults to the directory the run was trained from. A run without
+`selected.pt` gets one line that says so and offers
 `--checkpoint last`; missing data gives the same one-line error as `train`.
 Neither writes anything into the run directory, except `--masks_x_domains`:
 
@@ -137,8 +137,8 @@ Cost: `make bench` (`--only report`) writes a synthetic sweep directory of
 every test environment) and reports it: 72 selected runs, 173 figures, rendered
 in up to 4 worker processes: 13.1 s wall, 19.8 s CPU in all, on 2 idle vCPUs of an
 AMD EPYC Zen 4 (2026-11-23, steal 0%; target 30 s). The tables index the records
-and the sweep's run grid once rather than masking the frames per cell, which took
-the table step from 18.8 to 11.2 s under load. `diagnose` of an MNIST_CNN run
+and the sweep's run grid once rather than masking the frames per cell (under load the
+table step takes 11.2 s this way, 18.8 s masking per cell). `diagnose` of an MNIST_CNN run
 (`--only diagnose`, no domain masks, 3 environments x 2000 examples, 448 neurons):
 6.2 s wall on the same idle machine (target 1 minute).
 """

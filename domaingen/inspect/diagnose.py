@@ -147,7 +147,7 @@ def domain_weight_masks(
     trained on every training domain together at the same alpha (its accuracies, inverted
     ones and kept fraction), and `probability_histogram`: per mask, the counts of
     sigmoid(logit) over all masked weights in MASK_HISTOGRAM_BINS equal bins of [0, 1].
-    `accuracy` keeps the earlier summary: each domain's masked and unmasked accuracy on its
+    `accuracy` is the short summary: each domain's masked and unmasked accuracy on its
     own `out` split.
     """
     from torch.func import functional_call

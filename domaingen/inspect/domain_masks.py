@@ -27,7 +27,7 @@ import torch
 from torch import nn
 
 from domaingen.errors import DomaingenError
-from domaingen.masks import DEFAULT_INIT_LOGIT, eval_mask, gumbel_sigmoid
+from domaingen.masks import DEFAULT_INIT_LOGIT, gumbel_sigmoid
 
 MASK_LR = 1e-2  # Adam learning rate of the mask logits
 MASK_ALPHA = 1e-5  # weight of the sum-of-logits regulariser (see README: chosen, not published)
@@ -76,25 +76,6 @@ def mask_sharing(masks: torch.Tensor) -> list[list[float]]:
     return (inter / own).tolist()
 
 
-def train_weight_mask(
-    forward: Callable[[Mapping[str, torch.Tensor], torch.Tensor], torch.Tensor],
-    weights: Mapping[str, torch.Tensor],
-    batches: Iterator[tuple[torch.Tensor, torch.Tensor]],
-    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
-    steps: int,
-    lr: float = MASK_LR,
-    alpha: float = MASK_ALPHA,
-    init_logit: float = DEFAULT_INIT_LOGIT,
-) -> dict[str, torch.Tensor]:
-    """Train one weight mask on frozen `weights`; returns the kept weights (logit > 0) by name.
-
-    `forward(masked_weights, x)` computes logits with the given weights in place of the
-    model's; `batches` yields (x, y) of one domain.
-    """
-    logits = train_mask_logits(forward, weights, batches, loss_fn, steps, lr, alpha, init_logit)
-    return {name: eval_mask(l).bool() for name, l in logits.items()}
-
-
 def train_mask_logits(
     forward: Callable[[Mapping[str, torch.Tensor], torch.Tensor], torch.Tensor],
     weights: Mapping[str, torch.Tensor],
@@ -105,7 +86,12 @@ def train_mask_logits(
     alpha: float = MASK_ALPHA,
     init_logit: float = DEFAULT_INIT_LOGIT,
 ) -> dict[str, torch.Tensor]:
-    """`train_weight_mask`'s trained logits themselves (sigmoid: the keep probabilities), detached."""
+    """Train one weight mask on frozen `weights`; returns its logits by name, detached (sigmoid: the
+    keep probabilities; the kept weights are logit > 0, `masks.eval_mask`).
+
+    `forward(masked_weights, x)` computes logits with the given weights in place of the
+    model's; `batches` yields (x, y) of one domain.
+    """
     logits = {name: torch.full_like(w, init_logit, requires_grad=True) for name, w in weights.items()}
     optimizer = torch.optim.Adam(logits.values(), lr=lr)
     frozen = {name: w.detach() for name, w in weights.items()}

@@ -13,7 +13,6 @@ from domaingen.masks.neuron_masks import (
     mean_pairwise_iou,
     neuron_mask_statistics,
     pairwise_soft_iou,
-    soft_iou,
     straight_through_bernoulli,
 )
 from domaingen.masks.weight_masks import (
@@ -52,7 +51,6 @@ __all__ = [
     "pairwise_soft_iou",
     "reuse_penalty",
     "sample_hard_masks",
-    "soft_iou",
     "specialization_penalty",
     "straight_through_bernoulli",
     "subnetwork_stats",

@@ -17,18 +17,10 @@ from torch import nn
 IOU_EPS = 1e-8
 
 
-def soft_iou(a: torch.Tensor, b: torch.Tensor, eps: float = IOU_EPS) -> torch.Tensor:
-    """(sum a*b + eps) / (sum (a + b - a*b) + eps) over the last dimension.
-
-    For {0, 1} masks this is the ordinary intersection over union (two empty masks: 1).
-    """
-    inter = (a * b).sum(-1)
-    union = (a + b - a * b).sum(-1)
-    return (inter + eps) / (union + eps)
-
-
 def pairwise_soft_iou(masks: torch.Tensor, eps: float = IOU_EPS) -> torch.Tensor:
-    """The [D, D] soft IoU of every pair of rows of a [D, C] mask matrix."""
+    """The [D, D] soft IoU of every pair of rows of a [D, C] mask matrix: for rows a and b,
+    (sum a*b + eps) / (sum (a + b - a*b) + eps). For {0, 1} masks this is the ordinary
+    intersection over union (two empty masks: 1)."""
     # elementwise, not a matmul: bf16 autocast leaves it in the masks' precision
     inter = (masks[:, None, :] * masks[None, :, :]).sum(-1)
     sizes = masks.sum(1)

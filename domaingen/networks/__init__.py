@@ -8,7 +8,7 @@ DomainBed HEAD's boolean names (`resnet18`, `resnet50_augmix`, `vit` with `dinov
 `vit_attn_tune`) choose the same backbones, so its `--hparams` work unchanged.
 
 The device helpers (`resolve_device`, `to_device`, `place_model`, `has_convolutions`) live in
-`domaingen.devices`, which data code imports too; they stay importable from here.
+`domaingen.devices`, which data code imports too; they are importable from here as well.
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ the held-out `in` and `out` splits (WILDS' official splits select on metrics ove
 both); the last checkpoint evaluates every split; and at the end
 of the run a *final evaluation* loads the weights of the checkpoint that
 training-domain validation selected (kept in selected.pt) and evaluates the held-out
-splits there (see `run.training`). The single runs of a sweep with pair runs need
+splits there (see `run.selected`). The single runs of a sweep with pair runs need
 their held-out `in` split at every checkpoint (leave-one-domain-out may pick any),
 so a sweep launches them with `selection`. `selection` evaluates every `out` split
 and the held-out `in` splits at every checkpoint, the training environments' `in`
@@ -45,7 +45,7 @@ EVAL_SPLITS = ("final", "selection", "all")
 DEFAULT_EVAL_SPLITS = "final"
 # what a sweep's single runs use when the sweep also holds out pairs (leave-one-domain-out)
 LOO_EVAL_SPLITS = "selection"
-# what a run started before runs recorded `eval_splits` evaluated
+# what a run recorded without `eval_splits` evaluates, resumed too
 LEGACY_EVAL_SPLITS = "all"
 
 

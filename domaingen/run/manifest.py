@@ -143,7 +143,7 @@ def device_class(info: Mapping[str, Any]) -> str:
 
 
 def read_manifest(run_dir: str | Path) -> dict[str, Any] | None:
-    """A run's manifest, or None when it has none (made before runs kept one) or it is unreadable."""
+    """A run's manifest, or None when it has none or it is unreadable."""
     try:
         manifest = json.loads((Path(run_dir) / MANIFEST).read_text())
     except (OSError, json.JSONDecodeError):
@@ -158,7 +158,7 @@ def _write(rundir: RunDirectory, manifest: Mapping[str, Any]) -> None:
 def record_manifest(rundir: RunDirectory, current: Mapping[str, Any], start_step: int) -> str | None:
     """Write `current` as the run's manifest when it has none; on a resume, compare the torch version
     and device class with where the run started, append a change to `resumes`, and return the one-line
-    warning (None when nothing changed). A run started before manifests existed gets one now, with
+    warning (None when nothing changed). A run resumed without a manifest gets one at the resume, with
     `started_at_step`."""
     stored = read_manifest(rundir.path)
     if stored is None:

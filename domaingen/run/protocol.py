@@ -15,7 +15,7 @@ bars measure what changes between trials: splits, weights and minibatches.
   the algorithms' and datasets' own declarations (which use DomainBed's names and
   distributions); the table below holds only what a declaration cannot say: which names
   DomainBed draws for an algorithm, its defaults where ours differ, and its names that
-  have no counterpart here;
+  some of our spaces lack (a digit dataset declares no backbone names);
 - the run's seed is DomainBed's: its hash of (dataset, algorithm, test_envs,
   hparams_seed, trial_seed), with DomainBed's dataset name;
 - datasets are built as DomainBed builds them from that seed (`DOMAINBED_SEED` on the
@@ -89,20 +89,22 @@ KEPT: dict[str, str] = {
                  "(2021 code) froze them, as our default does",
 }
 
-# DomainBed's names with no counterpart here, and why none is needed.
+# DomainBed's names that are not in every run's space here (the backbone names are declared by the
+# image datasets only: a digit dataset builds no backbone), and why none is needed where absent.
 DOMAINBED_ONLY: dict[str, str] = {
     "data_augmentation": "True: image datasets always train through the augmentation",
-    "resnet18": "False: our `backbone` is resnet50 unless set",
-    "resnet50_augmix": "True at HEAD (AugMix ResNet-50 weights); the published tables used ImageNet weights, as we do",
-    "dinov2": "False: no DINOv2 backbone",
-    "vit": "False: no ViT backbone",
-    "vit_attn_tune": "False: no ViT backbone",
-    "vit_dropout": "drawn, used only by the ViT backbone",
+    "resnet18": "False: our `backbone` is resnet50 unless set; image datasets declare the flag",
+    "resnet50_augmix": "True at HEAD (AugMix ResNet-50 weights); the published tables used ImageNet weights, as our "
+                       "default does; image datasets declare the flag",
+    "dinov2": "False; image datasets declare it (with vit: the DINOv2 ViT-B/14 backbone)",
+    "vit": "False; image datasets declare it (with dinov2: the DINOv2 ViT-B/14 backbone)",
+    "vit_attn_tune": "False; image datasets declare it (a ViT backbone trains its attention only)",
+    "vit_dropout": "drawn, used only by a ViT backbone; image datasets declare it",
     "lars": "False: used only by ERMPlusPlus, which declares it",
     "linear_steps": "500: used only by ERMPlusPlus, which declares it",
     "class_balanced": "False: no class-balanced sampling",
     "nonlinear_classifier": "False: its random choice is [False, False]",
-    "resnet_dropout": "drawn, used only by the ResNet featurizer (absent from digit datasets)",
+    "resnet_dropout": "drawn, used only by a convolutional backbone; image datasets declare it",
 }
 
 

@@ -196,7 +196,7 @@ class RunDirectory:
         os.replace(tmp, path)
 
     def load_selected(self, mode: str = "") -> dict[str, Any] | None:
-        """The selected checkpoint, or None when the run has none (yet, or made before runs kept one)."""
+        """The selected checkpoint, or None when the run has no selected.pt (none written yet, or none kept)."""
         path = self.file(self.selected_name(mode))
         if not path.exists():
             return None
@@ -212,13 +212,6 @@ class RunDirectory:
     def write_final(self, final: Mapping[str, Any]) -> None:
         """Write final.json (the final evaluation), atomically."""
         atomic_write_bytes(self.file(FINAL), (json.dumps(json.loads(to_json(final)), indent=2) + "\n").encode())
-
-    def read_final(self) -> dict[str, Any] | None:
-        """The final evaluation, or None when the run made none."""
-        try:
-            return json.loads(self.file(FINAL).read_text())
-        except FileNotFoundError:
-            return None
 
     def mark_done(self, summary: Mapping[str, Any]) -> None:
         self.file(FAILED).unlink(missing_ok=True)

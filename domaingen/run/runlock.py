@@ -10,7 +10,7 @@ Shared filesystems: on NFS (Linux client, NFSv4 or v3 with lockd) flock is
 carried out as a whole-file POSIX lock that every client sees. Lustre honours it
 across nodes only when mounted with `-o flock` (with `-o localflock` it is
 node-local). A filesystem that refuses locks altogether gets one warning and
-runs unlocked, as before this lock existed.
+runs unlocked.
 """
 
 from __future__ import annotations

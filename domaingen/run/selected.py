@@ -70,7 +70,7 @@ def selection_modes(algorithm: Algorithm, eval_splits: str, test_envs: Sequence[
 
 
 def stored_selection(stored: Mapping[str, Any] | None) -> dict[str, dict[str, Any]]:
-    """The selection a checkpoint.pt holds, per mode (a checkpoint from before modes held one)."""
+    """The selection a checkpoint.pt holds, per mode (one not keyed by mode, holding a `step`, is the default mode's)."""
     if not stored:
         return {}
     if "step" in stored:

@@ -1,7 +1,7 @@
 r"""Sweeps: a spec becomes a job list (spec.py), which a launcher runs (launch.py picks one of
 local.py, parallel.py, slurm.py, ray_launcher.py; workers.py holds what they share).
 
-Reference (moved here from the README; `python -m pydoc domaingen.sweep` prints it):
+Reference (`python -m pydoc domaingen.sweep` prints it):
 
 ### Sweeps
 
@@ -26,8 +26,10 @@ unless `--force`. `protocol` (`--protocol`; default `paired`) chooses the experi
 (domaingen.run.protocol): `domainbed` is DomainBed's (a new hyperparameter draw per trial,
 DomainBed's run seeds, MNIST environments rebuilt per run, image validation splits
 augmented), for the algorithms and datasets DomainBed has; `sweeps/domainbed_mnist.toml` is
-its MNIST sweep. Paired jobs keep the ids they had before protocols existed; a sweep
-directory holds one protocol, and a relaunch under another is refused, `--force` or not.
+its MNIST sweep. Only a `domainbed` job's id includes the protocol, so a paired job's id
+is the same whether or not its spec names it; a sweep directory whose recorded spec names
+no protocol holds paired jobs. A sweep directory holds one protocol, and a relaunch under
+another is refused, `--force` or not.
 `--order trial` launches every job of trial 0 first, then trial 1, ...
 (default `spec`: the spec's order): a long sweep stopped early then leaves every
 algorithm with the same finished trials, and `collect` counts the missing runs.
@@ -72,7 +74,7 @@ definitions (ENVIRONMENTS, COLOR_FLIP, ANGLES, DATA_SEED, ...), the data directo
 and the size and modification time of the MNIST files under it; each (trial seed,
 holdout fraction)'s in/out splits are kept with it. Only in-memory datasets are kept
 (ColoredMNIST 111 MB, RotatedMNIST 56 MB, IRMColoredMNIST 24 MB); image datasets
-list their files and start DataLoader workers per job as before. The bound,
+list their files and start DataLoader workers per job. The bound,
 `--dataset_cache_mb` (default 1024, or `$DOMAINGEN_DATASET_CACHE_MB`; 0 turns it
 off), is on the bytes of the kept tensors, per worker process (two `parallel`
 workers may hold twice that); the least recently used dataset is evicted first,
@@ -106,7 +108,7 @@ arrays (at most `--slurm_max_array` jobs each, 1000 by default: Slurm's own
 `MaxArraySize`), records each job's Slurm id in `slurm_jobs.jsonl` in the sweep
 directory and returns; a closed laptop or a dropped SSH session does not
 matter. Without `--detach` the same ids are recorded and the terminal follows
-the jobs as before. `sweep status` then adds, for the jobs not done, the Slurm
+the jobs until they end. `sweep status` then adds, for the jobs not done, the Slurm
 state of their latest submission (through submitit's `sacct` reader: `PENDING`,
 `RUNNING`, ...). A relaunch (`sweep launch` again, detached or not, any
 launcher) does not submit a job that is still queued or running in Slurm, and

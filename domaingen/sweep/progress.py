@@ -7,7 +7,7 @@ checkpoint) by the sweep's throughput in steps per second: measured between this
 first refresh and now (steps reach the disk at checkpoints, so it settles after a few);
 before any step has been measured, from the jobs' latest records: their `step_time` plus their
 `eval_time` spread over the steps since the checkpoint before, over the jobs running (a record
-from before runs recorded `eval_time` leaves evaluation out, and its ETA is low). The watch ends
+without `eval_time` leaves evaluation out, and its ETA is low). The watch ends
 when every job is done or failed, when no job has run for two refreshes in a row after one
 did (the launcher stopped), or on Ctrl-C; started before a launch, it waits for one.
 """
@@ -46,7 +46,7 @@ class Progress:
     steps_done: int  # over every job: its steps if done or failed, else its checkpointed steps
     steps_left: int
     step_time: float | None  # mean over the latest records read of step_time + eval_time per step covered
-    eval_counted: bool = False  # whether some record read had eval_time (runs from before it leave it out)
+    eval_counted: bool = False  # whether some record read had eval_time (a record without it leaves evaluation out)
     eta_s: float | None = None
     rate: float | None = None  # measured steps per second
     finished: bool = False

@@ -2,7 +2,7 @@ r"""Tables: run records in (collect.py), model selection (selection.py), cells a
 Markdown, LaTeX and CSV (reporting.py), paired and versus comparisons, trajectory and draw views
 (views.py), published reference rows, WILDS' metrics, and the top hyperparameters.
 
-Reference (moved here from the README; `python -m pydoc domaingen.tables` prints it):
+Reference (`python -m pydoc domaingen.tables` prints it):
 
 ### Model selection and tables
 
@@ -33,7 +33,7 @@ cells can stand beside them; it is also the only meaningful rule for
 DomainBed's own run directories, whose hyperparameters are drawn from
 (hparams_seed, trial_seed) and so differ between trials.
 
-`--hparams_choice pooled` (this package's earlier rule) instead picks one draw
+`--hparams_choice pooled` instead picks one draw
 per cell, by validation accuracy averaged over trials, and reports that draw's
 trials; every table caption then says so ("hparams chosen once per cell ...
 (pooled)"). It hides the selection noise from the error bar and favours draws
@@ -173,8 +173,8 @@ over the 6 full-length runs of `sweeps/domainbed_erm.toml` (bf16, and again
 fp32), 252 of 252 over a `sweeps/quick.toml` sweep (6 algorithms, 2 draws x 2
 trials, ColoredMNIST and RotatedMNIST) and 36 of 36 over a 50-step ColoredMNIST
 ERM/VREx sweep with 2 draws x 2 trials and pair runs (leave-one-domain-out
-included). The earlier rule (`--hparams_choice pooled --error se`, with the later
-checkpoint winning ties) matched 34, 158 and 24 of them.
+included). The pooled rule with standard errors (`--hparams_choice pooled --error se`),
+with the later checkpoint winning ties, matched only 34, 158 and 24 of them.
 
 ### What a table shows: data source, held-out columns, published rows, LaTeX for papers
 
@@ -183,14 +183,14 @@ checkpoint winning ties) matched 34, 158 and 24 of them.
   reader)`: the folder or WILDS version and the number of examples), and every Markdown
   heading and LaTeX caption ends with it, e.g. `ColoredMNIST: test accuracy,
   training-domain validation (data: MNIST-70000)`; the CSV has a `data_source` column.
-  Records written before runs recorded it read as `unknown`; nothing is guessed.
+  A record without it reads as `unknown`; nothing is guessed.
   `collect` over a directory whose runs of one dataset come from different sources
   refuses with one line (exit 2), because a table from the 5,000-digit sample would
   otherwise look like one from full MNIST; `--allow_mixed_sources` tabulates them
   together and the caption names every source, marked `(mixed)`.
 - **Protocol.** Every record names the experiment its run followed (`protocol`, see
   domaingen.run.protocol: `paired`, or `domainbed`, DomainBed's; a domaingen run recorded
-  without one read as `paired`, a run DomainBed wrote as `domainbed`). Captions say it
+  without one reads as `paired`, a run DomainBed wrote as `domainbed`). Captions say it
   after the data source (`(data: MNIST-70000; protocol: paired)`), the Markdown footnote
   says what the trials of its cells share, the CSV has a `protocol` column. A table holds
   one protocol: `collect` over a directory with runs of two refuses with one line (exit 2)

@@ -3,9 +3,9 @@
 Only runs with a `done` marker count. Output directories written by DomainBed
 itself (same results.jsonl field names and `done` marker) are read the same way.
 Each record's `data_source` (where its examples came from) becomes a column;
-records written before runs recorded it read as "unknown". So does its `protocol`
-(domaingen.run.protocol): a domaingen run recorded without one was `paired`, a run
-DomainBed wrote is `domainbed`. One collection holds one protocol: `collect` refuses
+a record without it reads as "unknown". So does its `protocol`
+(domaingen.run.protocol): a domaingen run recorded without one reads as `paired`, a run
+DomainBed wrote as `domainbed`. One collection holds one protocol: `collect` refuses
 a directory that mixes them unless told which to read.
 """
 
@@ -29,7 +29,6 @@ from domaingen.run.rundir import DONE, FAILED, RESULTS, read_jsonl
 
 log = logging.getLogger(__name__)
 
-KEY_COLUMNS = ["dataset", "algorithm", "test_envs", "hparams_seed", "trial_seed"]
 UNKNOWN_SOURCE = "unknown"
 # Test-time modes an algorithm reports beside its default (Algorithm.EVAL_MODES, fields
 # env{i}_{in,out}_acc_{mode}) become table rows named '{algorithm}-{label}'.
@@ -293,11 +292,6 @@ class RunGrid:
             needed |= {e for e in self._pairs.get(dataset, ()) if test_env in e}
         grid = {(int(h), int(t), e) for h in seeds for t in trials for e in needed}
         return len(grid - have)
-
-
-def count_missing_runs(runs: pd.DataFrame, dataset: str, algorithm: str, test_env: int, pairs: bool = False) -> int:
-    """How many runs a cell needs that are not done (RunGrid, for one cell)."""
-    return RunGrid(runs).missing(dataset, algorithm, test_env, pairs)
 
 
 def n_environments(records: pd.DataFrame, dataset: str) -> int:

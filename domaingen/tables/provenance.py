@@ -4,7 +4,7 @@
 lists, for the runs the tables read (every done run collected, after `--datasets`), each
 distinct code version, torch version and device with its number of runs, and a table whose
 runs (the done runs of its dataset, which its selection compares) come from more than one
-code version says so in a note under it. Runs made before runs kept a manifest count as
+code version says so in a note under it. Runs without a manifest count as
 "unknown (no manifest.json)".
 """
 
