@@ -422,7 +422,7 @@ def _add_unlaunched_jobs(collection, sweep_dir: str) -> None:
         return
     try:
         jobs = build_jobs(parse_spec({k: v for k, v in recorded.items() if v is not None}, f"{sweep_dir}/sweep.json"))
-    except (DomaingenError, TypeError, KeyError):  # a spec an older version wrote: the runs found suffice
+    except (DomaingenError, TypeError, KeyError):  # a recorded spec this version cannot parse: the runs found suffice
         return
     rows = [
         {"run": job.job_id, "state": NOT_LAUNCHED, "dataset": job.args["dataset"], "algorithm": job.args["algorithm"],

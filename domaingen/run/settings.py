@@ -28,7 +28,7 @@ from domaingen.errors import DomaingenError
 
 # what `identity` can be:
 ALWAYS = "always"  # part of the run's identity and of a sweep job's id
-UNLESS = "unless"  # part of both, except when it has the value `id_unless` (job ids made before it existed stay)
+UNLESS = "unless"  # part of both, except at its value `id_unless` (so adding one leaves existing job ids unchanged)
 NEVER = "never"  # changes nothing the run computes: a resumed or relaunched run may differ in it
 
 
@@ -281,8 +281,8 @@ def non_identity_names(settings: Iterable[Setting]) -> tuple[str, ...]:
 
 
 def left_out_of_id(item: Setting, value: Any) -> bool:
-    """Whether a job's id leaves this value out: an UNLESS setting at its `id_unless` value (so the ids
-    of jobs made before the setting existed are unchanged)."""
+    """Whether a job's id leaves this value out: an UNLESS setting at its `id_unless` value (so adding
+    such a setting leaves every existing job id unchanged)."""
     return item.info.identity == UNLESS and value == item.info.id_unless
 
 

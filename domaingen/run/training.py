@@ -260,7 +260,7 @@ def run_seed(dataset: str, algorithm: str, test_envs: Sequence[int], hparams_see
 
     It hashes the BASE algorithm's name, so `X+ModReg` gets exactly X's seed: a restart of X
     and of X+ModReg start from the same weights and see the same minibatches (paired
-    comparisons), and X's own seed is what it always was.
+    comparisons), and X's seed does not depend on which modifiers exist.
     """
     return seed_hash(dataset, ALGORITHMS.base_name(algorithm), list(test_envs), hparams_seed, trial_seed)
 

@@ -30,7 +30,7 @@ from domaingen.plugins import load_plugins, merge_specs
 from domaingen.run.runlock import is_locked
 from domaingen.run.rundir import DONE_STATE, FAILED_STATE, INCOMPLETE, NOT_LAUNCHED, RunDirectory, atomic_write_bytes
 from domaingen.hparams import apply_overrides, parse_overrides, run_space
-from domaingen.run.protocol import DEFAULT_PROTOCOL, DOMAINBED, check_domainbed_problem
+from domaingen.run.protocol import DOMAINBED, PAIRED, check_domainbed_problem
 from domaingen.run.settings import (
     BOOL,
     INT,
@@ -377,14 +377,14 @@ def prepare_sweep_dir(sweep_dir: str | os.PathLike, spec: SweepSpec, force: bool
         raise DomaingenError(f"output_dir {path} is not writable; choose another --output_dir")
     recorded = read_recorded_spec(path)
     if recorded is not None:
-        recorded.setdefault("protocol", DEFAULT_PROTOCOL)  # a sweep launched before protocols existed was paired
+        recorded.setdefault("protocol", PAIRED)  # a sweep.json that names no protocol records a paired sweep
     wanted = spec.canonical()
     if recorded is not None and recorded["protocol"] != wanted["protocol"]:
         raise DomaingenError(
             f"{path} holds a sweep of protocol {recorded['protocol']!r}, not {wanted['protocol']!r}; "
             f"relaunch it with --protocol {recorded['protocol']}, or use another --output_dir"
         )
-    # a key the recorded spec lacks reads as None: a spec written before the key existed is the same spec;
+    # a key the recorded spec lacks reads as None, the key's default: the same spec;
     # the plugins loaded may differ between launches (an entry point installed since); they accumulate
     changed = sorted(k for k in set(recorded or {}) | set(wanted) if k != "plugins" and (recorded or {}).get(k) != wanted.get(k))
     if recorded is not None and changed and not force:
