@@ -179,9 +179,9 @@ def test_a_run_from_before_eval_splits_resumes_evaluating_everything(tmp_path):
 
 
 @pytest.mark.parametrize("flags, message", [
-    (["--eval_splits", "some"], "unknown eval_splits 'some'; choose one of final, selection, all"),
-    (["--train_in_every", "0"], "train_in_every must be a positive integer"),
-    (["--train_in_every", "-3"], "train_in_every must be a positive integer"),
+    (["--eval_splits", "some"], "argument --eval_splits: expected one of final, selection, all, got 'some'"),
+    (["--train_in_every", "0"], "argument --train_in_every: expected at least 1, got 0"),
+    (["--train_in_every", "-3"], "argument --train_in_every: expected at least 1, got -3"),
 ])
 def test_bad_eval_flags_one_line_exit_2(tmp_path, capsys, flags, message):
     argv = ["train", "--dataset", "ColoredMNIST", "--algorithm", "ERM", "--data_dir", "embedded",

@@ -130,7 +130,7 @@ def test_fraction_outside_the_interval_is_one_line_and_exit_2(tmp_path, capsys, 
                  "--output_dir", str(out), "--in_domain_test", value])
     err = capsys.readouterr().err.strip()
     assert code == 2 and not out.exists()
-    assert len(err.splitlines()) == 1 and "in_domain_test must be a fraction in (0, 0.5)" in err
+    assert len(err.splitlines()) == 1 and "argument --in_domain_test: expected a fraction in (0, 0.5)" in err
 
 
 def test_spec_with_a_bad_fraction_is_refused():

@@ -89,8 +89,8 @@ def _add_download_parser(sub: argparse._SubParsersAction) -> None:
 
 def _add_sweep_parser(sub: argparse._SubParsersAction) -> None:
     from domaingen.run.settings import add_flag
-    from domaingen.run.training import SETTINGS
-    from domaingen.sweep.spec import SPEC_SETTINGS
+    from domaingen.run.training import LAUNCH_SETTINGS, SETTINGS
+    from domaingen.sweep.spec import FLAG_SETTINGS
 
     SETTING = {item.name: item for item in SETTINGS}
     p = sub.add_parser("sweep", help="launch, inspect or clean a sweep")
@@ -107,9 +107,8 @@ def _add_sweep_parser(sub: argparse._SubParsersAction) -> None:
                             "their own: its output_dir records only them")
         a.add_argument("--output_dir", required=True)
         a.add_argument("--data_dir", default=None, help=SETTING["data_dir"].info.help)
-        for item in SPEC_SETTINGS:
-            if item.name not in ("parts", "algorithm_hparams", "plugins"):
-                add_flag(a, item, for_sweep=True, help=f"{item.info.help} (default: the spec's)")
+        for item in FLAG_SETTINGS:
+            add_flag(a, item, for_sweep=True, help=f"{item.info.help} (default: the spec's)")
         if name == "launch":
             a.add_argument("--launcher", default="parallel", choices=["local", "parallel", "slurm", "ray", "dry"])
             a.add_argument("--workers", type=int, default=2, help="parallel: processes at once")
@@ -131,8 +130,8 @@ def _add_sweep_parser(sub: argparse._SubParsersAction) -> None:
             a.add_argument("--slurm_array_parallelism", type=int, default=64, help="max tasks running at once")
             a.add_argument("--slurm_cluster", default=None, help="submitit cluster (slurm, or local for testing)")
             _add_scale_flags(a)
-            for name in ("loggers", "time_budget"):
-                add_flag(a, SETTING[name], for_sweep=True, help=f"every job: {SETTING[name].info.help}")
+            for item in LAUNCH_SETTINGS:
+                add_flag(a, item, for_sweep=True, help=f"every job: {item.info.help}")
         if name == "delete-incomplete":
             a.add_argument("--yes", "-y", action="store_true")
         if name == "status":

@@ -21,9 +21,9 @@ from domaingen.run.rundir import DONE_STATE, FAILED_STATE, INCOMPLETE, NOT_LAUNC
 from domaingen.run.runlock import is_locked
 from domaingen.sweep.slurm_jobs import ACTIVE_STATES, active_jobs, describe, read_submissions, scheduler_states
 from domaingen.run.settings import namespace_value
-from domaingen.run.training import REQUEUE_EXIT_STATUS
+from domaingen.run.training import LAUNCH_SETTINGS, REQUEUE_EXIT_STATUS
 from domaingen.sweep.spec import (
-    SPEC_SETTINGS,
+    FLAG_SETTINGS,
     STATES,
     SpecError,
     build_jobs,
@@ -60,7 +60,7 @@ def spec_from_args(ns: argparse.Namespace):
         if not ns.spec:  # the numbers name the spec file's parts; a recorded sweep holds only those chosen
             raise SpecError("--parts needs --spec: it numbers the parts of the spec file")
         data = select_parts(data, ns.parts, source)
-    for item in SPEC_SETTINGS:
+    for item in FLAG_SETTINGS:
         value = namespace_value(item, ns) if item.name != "hparams" else None
         if value is not None:
             data[item.name] = value
@@ -201,9 +201,9 @@ def _launch(spec, jobs, ns) -> int:
     if launcher != "dry" and not _confirm(f"launch {len(todo)} jobs with the {launcher} launcher?", ns.yes):
         print("not launched")
         return 1
-    if getattr(ns, "time_budget", None) is not None:  # a launch argument: job ids stay what the spec makes them
-        todo = [dataclasses.replace(job, launch_args={**job.launch_args, "time_budget": ns.time_budget})
-                for job in todo]
+    given = {item.name: getattr(ns, item.name) for item in LAUNCH_SETTINGS if getattr(ns, item.name, None)}
+    if given:  # launch arguments: job ids stay what the spec makes them
+        todo = [dataclasses.replace(job, launch_args={**job.launch_args, **given}) for job in todo]
     results = launch(todo, ns.output_dir, ns.data_dir, launcher, options)
     if launcher == "dry":
         return 0

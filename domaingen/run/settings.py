@@ -109,6 +109,7 @@ class SettingInfo:
     identity: str = ALWAYS
     id_unless: Any = None  # identity UNLESS: the value left out of a job's id
     sweep: bool = False  # a sweep spec key and a `sweep launch` flag
+    launch: bool = False  # a `sweep launch` flag given to every job, not a spec key (it changes no job id)
     train: bool = True  # a `domaingen train` flag
     flag: str | None = None  # the flag's name when it is not --NAME
     required: bool = False

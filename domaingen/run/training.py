@@ -195,7 +195,7 @@ class TrainConfig:
         [], kind=NAMES, identity=NEVER, sweep=True, train=False,
         help="modules to load first (domaingen.plugins); args.json records every one loaded")
     loggers: Sequence[str] = setting(
-        [], kind=NAMES, identity=NEVER, flag="--logger", recorded=False, choices=lambda: tuple(LOGGERS),
+        [], kind=NAMES, identity=NEVER, flag="--logger", recorded=False, launch=True, choices=lambda: tuple(LOGGERS),
         help="also send each checkpoint's losses, accuracies, step time, memory and diagnostics to tensorboard "
              "(RUN_DIR/tensorboard) and/or wandb (offline without a network); the extras of the same names install "
              "them; never changes a record or fails a run")
@@ -205,7 +205,7 @@ class TrainConfig:
              "DomainBed's experiment (a new draw per trial, MNIST environments rebuilt per run, image validation "
              "splits augmented); see domaingen.run.protocol")
     time_budget: float | None = setting(
-        None, kind=FLOAT, optional=True, identity=NEVER, recorded=False, check=_budget, metavar="MINUTES",
+        None, kind=FLOAT, optional=True, identity=NEVER, recorded=False, launch=True, check=_budget, metavar="MINUTES",
         help="stop at the last checkpoint before this many minutes of wall-clock time would pass, keep it, and "
              f"exit with status {REQUEUE_EXIT_STATUS} (EX_TEMPFAIL) so a scheduler can requeue the run; the same "
              "command resumes it, and its records equal an uninterrupted run's")
@@ -213,6 +213,7 @@ class TrainConfig:
 
 SETTINGS = declared(TrainConfig)
 SWEEP_SETTINGS = [s for s in SETTINGS if s.info.sweep]
+LAUNCH_SETTINGS = [s for s in SETTINGS if s.info.launch]
 # Arguments that do not change what a run computes, so a rerun may differ in them: the settings
 # declared so, and resolved_precision, what `precision` (fp32, bf16 or auto) meant where the run started.
 NON_IDENTITY_ARGS = (*non_identity_names(SETTINGS), "resolved_precision")

@@ -128,6 +128,8 @@ SweepSpec.__doc__ = ("What a sweep runs: every algorithm x dataset x test-env se
                      "run settings every job shares.")
 SPEC_SETTINGS = declared(SweepSpec)
 SPEC_KEYS = {item.name for item in SPEC_SETTINGS}
+# the spec keys `sweep launch` has a flag for: tables have none, and --plugins is every command's
+FLAG_SETTINGS = [item for item in SPEC_SETTINGS if item.name not in ("parts", "algorithm_hparams", "plugins")]
 
 
 def parse_spec(data: Mapping[str, Any], source: str = "spec") -> SweepSpec:
