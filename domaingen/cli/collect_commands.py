@@ -76,7 +76,7 @@ def _check_hparams_choice(ns: argparse.Namespace) -> None:
     check_hparams_choice(ns.hparams_choice)
 
 
-# ---- flags that were views: each stops with one line naming its view ----
+# ---- tables flags that ask for another view: each stops with one line giving that view's command ----
 
 MOVED = {
     "--top_hparams": "domaingen collect top-hparams --input_dir DIR",
@@ -89,7 +89,7 @@ MOVED = {
 
 
 class _Moved(argparse.Action):
-    """A flag that now is a view of its own: exit 2 with one line naming the command that replaces it."""
+    """A flag of MOVED: exit 2 with one line giving the command of the view it asks for."""
 
     def __call__(self, parser, namespace, values, option_string=None) -> None:
         flag = self.option_strings[0]
