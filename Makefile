@@ -50,13 +50,13 @@ modreg_table1:  ## results/modreg_table1.{md,tex,csv} and its mask figures: make
 	@test -n "$(CPU_DIR)" -a -n "$(RMLP_DIR)" || { echo "give CPU_DIR=... and RMLP_DIR=... (see the comment above this target)"; exit 2; }
 	{ echo "## $(T1_H1)"; echo; $(T1) $(T1_P1) --format markdown; \
 	  echo; echo "### IRMColoredMNIST: the masks over training (mean over the done runs at each checkpoint)"; echo; \
-	  $(DG) collect --input_dir $(CPU_DIR) --datasets IRMColoredMNIST --trajectories $(subst --fields ,,$(T1_FIELDS)) --format markdown | sed 's/^### /#### /'; \
+	  $(DG) collect trajectories --input_dir $(CPU_DIR) --datasets IRMColoredMNIST $(T1_FIELDS) --format markdown | sed 's/^### /#### /'; \
 	  echo; echo "## $(T1_H2)"; echo; $(T1) $(T1_P2) --format markdown; \
 	  echo; echo "### MLP RotatedMNIST: the masks over training (mean over the done runs at each checkpoint)"; echo; \
-	  $(DG) collect --input_dir $(RMLP_DIR) --trajectories 'modreg_*kept_fraction' --format markdown | sed 's/^### /#### /'; \
+	  $(DG) collect trajectories --input_dir $(RMLP_DIR) --fields 'modreg_*kept_fraction' --format markdown | sed 's/^### /#### /'; \
 	  echo; echo "## $(T1_H3)"; echo; $(T1) $(T1_P3) --format markdown; \
 	  echo; echo "### MNIST_CNN: the masks over training (mean over the done runs at each checkpoint)"; echo; \
-	  $(DG) collect --input_dir $(CPU_DIR) --datasets ColoredMNIST RotatedMNIST --trajectories 'modreg_*kept_fraction' --format markdown | sed 's/^### /#### /'; \
+	  $(DG) collect trajectories --input_dir $(CPU_DIR) --datasets ColoredMNIST RotatedMNIST --fields 'modreg_*kept_fraction' --format markdown | sed 's/^### /#### /'; \
 	} > results/modreg_table1.md
 	{ printf '%s\n' '\documentclass{article}' '\usepackage[margin=2cm]{geometry}' '\usepackage{booktabs}' \
 	    '\usepackage{graphicx}' '\usepackage{float}' '\begin{document}'; \

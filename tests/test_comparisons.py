@@ -115,8 +115,10 @@ def test_collect_refuses_bad_pairs_in_one_line(tmp_path, capsys):
     write_sweep(tmp_path / "s")
     assert main(["collect", "--input_dir", str(tmp_path / "s"), "--paired", "ERM"]) == 2
     assert capsys.readouterr().err.strip().splitlines()[-1].endswith("--paired takes ALGORITHM:BASE pairs (e.g. ERM+ModReg:ERM), got 'ERM'")
-    assert main(["collect", "--input_dir", str(tmp_path / "s"), "--paired", "--top_hparams"]) == 2
-    assert "--top_hparams prints none" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_:  # top-hparams prints no tables to add to
+        main(["collect", "top-hparams", "--input_dir", str(tmp_path / "s"), "--paired"])
+    assert exit_.value.code == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == "domaingen: error: unrecognized arguments: --paired"
 
 
 # a twin sweep: the same restarts with one setting changed; ERM has trials 0-2 in both
@@ -162,7 +164,7 @@ def test_argument_differences_name_what_the_twins_differ_in():
 def test_collect_versus_command(tmp_path, capsys):
     write_sweep(tmp_path / "bf16", precision="bf16")
     write_sweep(tmp_path / "fp32", TEST_B, precision="fp32")
-    assert main(["-q", "collect", "--input_dir", str(tmp_path / "bf16"), "--versus", str(tmp_path / "fp32"),
+    assert main(["-q", "collect", "versus", "--input_dir", str(tmp_path / "bf16"), "--other", str(tmp_path / "fp32"),
                  "--selection", "training", "--error", "se"]) == 0
     out = capsys.readouterr().out
     diffs = np.array(TEST["ERM"]) - np.array(TEST_B["ERM"])
@@ -175,17 +177,16 @@ def test_collect_versus_command(tmp_path, capsys):
 
 def test_collect_versus_refuses_bad_input_in_one_line(tmp_path, capsys):
     write_sweep(tmp_path / "s")
-    for argv, message in [
-        (["--versus", str(tmp_path / "s")], f"--versus {tmp_path / 's'} is the --input_dir itself; name another "
-                                             "sweep directory"),
-        (["--versus", str(tmp_path / "none")], f"--versus {tmp_path / 'none'}: no such directory; name a sweep "
-                                                "directory to compare with"),
-        (["--versus", str(tmp_path / "none"), "--fields", "x"], "--versus replaces the tables with its own; drop "
-                                                                "--fields"),
-        (["--versus", str(tmp_path / "none"), "--paired"], "--versus and --paired each replace the tables: use one "
-                                                           "of them"),
-        (["--versus", str(tmp_path / "none"), "--draws"], "--draws and --versus each replace the tables: use one of "
-                                                          "them"),
+    for other, message in [
+        (tmp_path / "s", f"--other {tmp_path / 's'} is the --input_dir itself; name another sweep directory"),
+        (tmp_path / "none", f"--other {tmp_path / 'none'}: no such directory; name a sweep directory to compare "
+                            "with"),
     ]:
-        assert main(["collect", "--input_dir", str(tmp_path / "s"), *argv]) == 2
+        assert main(["collect", "versus", "--input_dir", str(tmp_path / "s"), "--other", str(other)]) == 2
         assert capsys.readouterr().err.strip().splitlines()[-1] == f"domaingen: error: {message}"
+    for extra in (["--fields", "x"], ["--paired"]):  # versus prints its own tables: nothing to add to
+        with pytest.raises(SystemExit) as exit_:
+            main(["collect", "versus", "--input_dir", str(tmp_path / "s"), "--other", str(tmp_path / "none"), *extra])
+        assert exit_.value.code == 2
+        assert capsys.readouterr().err.strip().splitlines()[-1] == ("domaingen: error: unrecognized arguments: "
+                                                                    + " ".join(extra))

@@ -109,7 +109,7 @@ def test_csv_names_the_selected_runs_and_their_hyperparameters(domainbed_dir, ca
     assert (cell["trial_seeds"], cell["hparams_seeds"], cell["steps"]) == ("0;1", "1;0", "100;0")
     assert float(cell["mean"]) == pytest.approx(.425) and cell["missing"] == "0"
 
-    assert main(["-q", "collect", "--input_dir", str(domainbed_dir), "--selection", "training", "--top_hparams"]) == 0
+    assert main(["-q", "collect", "top-hparams", "--input_dir", str(domainbed_dir), "--selection", "training"]) == 0
     out = capsys.readouterr().out
     lines = [line for line in out.splitlines() if line.startswith("| +90%")]
     assert len(lines) == 2  # one per trial

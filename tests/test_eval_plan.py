@@ -319,7 +319,8 @@ def test_final_single_runs_with_test_time_modes_give_the_same_cells_versus_and_p
     assert domainbed_cells(dirs["final"]) == domainbed_cells(dirs["all"])
     pd.testing.assert_frame_equal(collect_csv(dirs["final"], capsys, "--paired", "DMG:ERM"),
                                   collect_csv(dirs["all"], capsys, "--paired", "DMG:ERM"))
-    assert main(["collect", "--input_dir", str(dirs["final"]), "--versus", str(dirs["all"]), "--format", "csv"]) == 0
+    assert main(["collect", "versus", "--input_dir", str(dirs["final"]), "--other", str(dirs["all"]),
+                 "--format", "csv"]) == 0
     versus = pd.read_csv(io.StringIO(capsys.readouterr().out))
     differences = versus[[c for c in versus.columns if "diff" in c.lower()]]
     assert len(versus) and differences.notna().all().all() and (differences.to_numpy() == 0).all()

@@ -143,7 +143,7 @@ def test_collect_averages_the_selected_runs_matrices_over_trials(dmg_sweep, caps
     capsys.readouterr()
     matrices = [np.array(json.loads((dmg_sweep / name / "diagnostics.json").read_text())["masks_x_domains"]["accuracy"])
                 for name in ("dmg0", "dmg1")]
-    assert main(["-q", "collect", "--input_dir", str(dmg_sweep), "--masks_x_domains", "--format", "csv"]) == 0
+    assert main(["-q", "collect", "masks-x-domains", "--input_dir", str(dmg_sweep), "--format", "csv"]) == 0
     table = pd.read_csv(__import__("io").StringIO(capsys.readouterr().out))
     assert set(table["algorithm"]) == {"DMG"}  # ERM has no matrix and no domain-taking prediction: no table
     assert list(table["applied"].unique()) == ["mask +90%", "mask +80%", "Pred-Ens", "Mask-Ens"]
@@ -168,7 +168,7 @@ def test_collect_names_the_selected_runs_it_left_out_and_why(dmg_sweep, capsys):
     diagnostics.write_text(json.dumps(stored))
     try:
         capsys.readouterr()
-        assert main(["-q", "collect", "--input_dir", str(dmg_sweep), "--masks_x_domains"]) == 0
+        assert main(["-q", "collect", "masks-x-domains", "--input_dir", str(dmg_sweep)]) == 0
         out = capsys.readouterr().out
     finally:
         diagnostics.unlink()
@@ -179,16 +179,16 @@ def test_collect_names_the_selected_runs_it_left_out_and_why(dmg_sweep, capsys):
 
 
 def test_collect_masks_x_domains_refuses_latex_and_a_sweep_without_matrices(dmg_sweep, tmp_path, capsys):
-    code = main(["-q", "collect", "--input_dir", str(dmg_sweep), "--masks_x_domains", "--format", "latex"])
-    err = capsys.readouterr().err
-    assert code == 2 and err.strip().count("\n") == 0
-    assert "--masks_x_domains prints markdown or csv, not latex" in err
+    with pytest.raises(SystemExit) as exit_:
+        main(["-q", "collect", "masks-x-domains", "--input_dir", str(dmg_sweep), "--format", "latex"])
+    assert exit_.value.code == 2
+    assert "argument --format: invalid choice: 'latex' (choose from" in capsys.readouterr().err
     bare = tmp_path / "bare"
     bare.mkdir()
     import shutil
 
     shutil.copytree(dmg_sweep / "dmg2", bare / "dmg2", ignore=shutil.ignore_patterns("diagnostics.json"))
-    code = main(["-q", "collect", "--input_dir", str(bare), "--masks_x_domains", "--output", str(tmp_path / "o.md")])
+    code = main(["-q", "collect", "masks-x-domains", "--input_dir", str(bare), "--output", str(tmp_path / "o.md")])
     err = capsys.readouterr().err
     assert code == 2 and err.strip().count("\n") == 0 and not (tmp_path / "o.md").exists()
     assert "no selected run here has a mask-by-domain matrix: run `domaingen evaluate RUN --masks_x_domains`" in err

@@ -1,4 +1,4 @@
-"""collect --trajectories and --draws: fields over steps, and every hyperparameter draw of a sweep."""
+"""collect trajectories and draws: fields over steps, and every hyperparameter draw of a sweep."""
 
 from __future__ import annotations
 
@@ -69,20 +69,23 @@ def test_trajectories_average_runs_at_each_step():
         render(tables, "t", "latex")
 
 
-def test_collect_command_prints_the_views_and_refuses_mixtures(tmp_path, capsys):
+def test_collect_command_prints_the_views_and_refuses_other_options(tmp_path, capsys):
     write_sweep(tmp_path / "s")
-    assert main(["-q", "collect", "--input_dir", str(tmp_path / "s"), "--trajectories", "modreg_kept_fraction",
-                 "--format", "csv"]) == 0
+    assert main(["-q", "collect", "trajectories", "--input_dir", str(tmp_path / "s"), "--fields",
+                 "modreg_kept_fraction", "--format", "csv"]) == 0
     csv = pd.read_csv(io.StringIO(capsys.readouterr().out))
     # test_comparisons' ERM+ModReg: kept fraction 0.9, 0.8 at step 0 and 0.4, 0.3 at step 1 (trials 0, 1)
     assert csv["modreg_kept_fraction"].tolist() == pytest.approx([0.85, 0.35])
-    assert main(["-q", "collect", "--input_dir", str(tmp_path / "s"), "--draws"]) == 0
+    assert main(["-q", "collect", "draws", "--input_dir", str(tmp_path / "s")]) == 0
     assert "### ERM+ModReg: every hparams draw" in capsys.readouterr().out
     for argv, message in (
-        (["--draws", "--trajectories", "x"], "--trajectories and --draws each replace the tables: use one of them"),
-        (["--draws", "--paired"], "--draws and --paired each replace the tables: use one of them"),
-        (["--trajectories", "x", "--fields", "y"], "--trajectories names its fields itself; drop --fields"),
+        (["draws", "--paired"], "unrecognized arguments: --paired"),
+        (["draws", "--selection", "training"], "unrecognized arguments: --selection training"),
+        (["trajectories"], "the following arguments are required: --fields"),
+        (["trajectories", "--fields", "x", "--format", "latex"], "argument --format: invalid choice: 'latex'"),
     ):
-        assert main(["collect", "--input_dir", str(tmp_path / "s"), *argv]) == 2
+        with pytest.raises(SystemExit) as exit_:
+            main(["collect", argv[0], "--input_dir", str(tmp_path / "s"), *argv[1:]])
+        assert exit_.value.code == 2
         assert message in capsys.readouterr().err.strip().splitlines()[-1]
 

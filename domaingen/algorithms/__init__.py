@@ -53,7 +53,7 @@ paper's protocol. **Where the defaults come from:** `modreg_alpha` 6.93e-9,
 10^U(-9,-5), beta ~ 10^U(-5,-1), mask lr ~ 10^U(-3,-1) on ColoredMNIST and
 RotatedMNIST, test environment 0, 2000 steps): the draw with the best training-domain
 validation averaged over the two datasets, in a run on a lent H100, and first again
-when the sweep was rerun on 2 CPU cores (`domaingen collect --draws` prints the ranking;
+when the sweep was rerun on 2 CPU cores (`domaingen collect draws` prints the ranking;
 it is `results/modreg_defaults.md`, with the command in results/README.md). One trial per
 draw cannot separate the top four draws (83.6 to 81.8 mean validation): seed 0, the same
 values as seed 13 with another training seed, came third. Neither paper publishes alpha or beta.

@@ -12,6 +12,7 @@ from typing import Iterator, NoReturn, Sequence
 
 from tabulate import tabulate
 
+from domaingen.cli import collect_commands as collect_cli
 from domaingen.cli import inspect_commands as inspect_cli
 from domaingen.errors import DomaingenError
 
@@ -177,64 +178,7 @@ def _add_export_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def _add_collect_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("collect", help="selection + result tables from finished runs")
-    p.add_argument("--input_dir", required=True,
-                   help="a sweep directory, a run directory, or a bundle (domaingen export's FILE.zip or its "
-                        "unpacked folder)")
-    p.add_argument("--format", choices=["markdown", "latex", "csv"], default="markdown")
-    p.add_argument("--selection", nargs="+", choices=["training", "loo", "oracle", "last"], default=None,
-                   help="default: training and oracle, then loo when pair runs exist; "
-                        "last = no selection, the final checkpoint (the IRM paper's protocol)")
-    p.add_argument("--hparams_choice", default="per_trial",
-                   help="per_trial (default, DomainBed's): per trial, the hparams draw with the best validation "
-                        "accuracy; pooled: one draw per cell, by validation accuracy averaged over trials")
-    p.add_argument("--error", choices=["domainbed", "se", "std"], default="domainbed",
-                   help="what ± shows: DomainBed's std(x/sqrt(n)) with ddof 0 (default), the sample "
-                        "standard error (ddof 1) or the sample standard deviation over trials")
-    p.add_argument("--top_hparams", action="store_true",
-                   help="instead of tables: per dataset, algorithm, test env and trial, the selected run, "
-                        "its hyperparameters and its validation and test accuracy")
-    p.add_argument("--output", default=None, help="write here instead of stdout")
-    p.add_argument("--show_trials", action="store_true", help="append the number of trials to each cell")
-    p.add_argument("--bare", action="store_true",
-                   help="latex: tables only, for \\input in a paper (the packages they need are named at the top)")
-    p.add_argument("--reference", nargs="+", default=None, metavar="FILE.csv",
-                   help="published numbers to add as rows labelled with their source (columns: dataset, algorithm, "
-                        "test_env or Avg, mean, error, source; optional selection, table); e.g. "
-                        "results/reference_domainbed_mnist.csv")
-    p.add_argument("--paired", nargs="*", default=None, metavar="ALGORITHM:BASE",
-                   help="also tabulate paired differences of test accuracy, ALGORITHM minus BASE over the trials "
-                        "both have (same trial_seed: the same restart); no pairs given: every X+Y beside its X")
-    p.add_argument("--fields", nargs="+", default=None, metavar="GLOB",
-                   help="also tabulate record fields matching these globs (e.g. 'modreg_*_kept_fraction') at "
-                        "each trial's selected checkpoint, mean ± error over trials")
-    p.add_argument("--trajectories", nargs="+", default=None, metavar="GLOB",
-                   help="instead of tables: per dataset and algorithm, the mean over runs of the record fields "
-                        "matching these globs at every checkpoint step (e.g. 'modreg_*kept_fraction')")
-    p.add_argument("--draws", action="store_true",
-                   help="instead of tables: per algorithm, every hparams draw with the hyperparameters that vary, "
-                        "training-domain validation and test accuracy per dataset and validation averaged over "
-                        "datasets, best first; with --fields, those fields at each run's last checkpoint")
-    p.add_argument("--versus", default=None, metavar="DIR",
-                   help="instead of the tables: compare with another sweep launched with the same seeds and one "
-                        "setting changed (e.g. --precision): per algorithm both sweeps' cells and their difference "
-                        "paired by trial_seed, with the arguments their twin runs differ in")
-    p.add_argument("--datasets", nargs="+", metavar="DATASET",
-                   help="tabulate only these datasets' runs (e.g. one part of a sweep whose parts differ "
-                        "in their datasets)")
-    p.add_argument("--masks_x_domains", action="store_true",
-                   help="instead of tables: per dataset, algorithm and test env, the mask-by-domain matrices of "
-                        "`evaluate --masks_x_domains` (DMG's Table 4) of the runs training-domain validation "
-                        "selects, mean ± error over trials")
-    p.add_argument("--manifest", action="store_true",
-                   help="instead of tables: each distinct code version, torch version and device of the done runs "
-                        "behind the tables (their manifest.json), with its number of runs")
-    p.add_argument("--allow_mixed_sources", action="store_true",
-                   help="tabulate runs of one dataset that come from different data sources together "
-                        "(default: refuse; the captions then name every source)")
-    p.add_argument("--protocol", default=None,
-                   help="tabulate only the runs of this protocol (paired or domainbed); needed when a directory "
-                        "holds both: a table never mixes them")
+    collect_cli.add_parser(sub)
 
 
 def cmd_train(ns: argparse.Namespace) -> int:
@@ -316,8 +260,7 @@ def cmd_sweep(ns: argparse.Namespace) -> int:
 
 
 def cmd_collect(ns: argparse.Namespace) -> int:
-    from domaingen.cli import sweep_commands as sweep_cli
-    return sweep_cli.collect_command(ns)
+    return collect_cli.run(ns)
 
 
 def cmd_export(ns: argparse.Namespace) -> int:
@@ -393,7 +336,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"domaingen: error: {exc}", file=sys.stderr)
         return 2
     try:
-        ns = parse_command_line(build_parser(), protect_environment_names(argv))
+        ns = parse_command_line(build_parser(), protect_environment_names(collect_cli.with_view(argv)))
     except SystemExit as exc:  # --help, or a bad flag argparse has already described
         return int(exc.code or 0)
     ns.plugins = specs

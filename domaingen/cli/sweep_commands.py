@@ -1,4 +1,4 @@
-"""The `sweep` and `collect` subcommands: argument handling and what the user sees."""
+"""The `sweep` and `export` subcommands, and the helpers `collect` reads runs and writes its output with."""
 
 from __future__ import annotations
 
@@ -232,80 +232,6 @@ def load_recorded_plugins(sweep_dir: str) -> None:
         log.warning("%s; tables of its datasets number their environments instead of naming them", exc)
 
 
-def collect_command(ns: argparse.Namespace) -> int:
-    import pandas as pd
-
-    from domaingen.tables.comparisons import field_tables, paired_tables, parse_pairs
-    from domaingen.tables.reference import read_reference
-    from domaingen.tables.reporting import build_tables, to_csv, to_latex, to_markdown
-    from domaingen.tables.selection import check_hparams_choice
-    from domaingen.tables.top_hparams import top_hparams_csv, top_hparams_markdown
-
-    check_hparams_choice(ns.hparams_choice)
-    pairs = parse_pairs(ns.paired)
-    if ns.top_hparams and (pairs is not None or ns.fields):
-        raise DomaingenError("--paired and --fields add tables; --top_hparams prints none: use one or the other")
-    views = [name for name, on in (("--top_hparams", ns.top_hparams), ("--trajectories", ns.trajectories),
-                                   ("--draws", ns.draws), ("--versus", ns.versus), ("--manifest", ns.manifest),
-                                   ("--masks_x_domains", ns.masks_x_domains))
-             if on]
-    if len(views) > 1 or (views and views[0] != "--top_hparams" and pairs is not None):
-        raise DomaingenError(f"{' and '.join(views + (['--paired'] if pairs is not None else []))} each replace "
-                             "the tables: use one of them")
-    if ns.masks_x_domains and ns.fields:
-        raise DomaingenError("--masks_x_domains replaces the tables with its own; drop --fields")
-    if ns.manifest and ns.fields:
-        raise DomaingenError("--manifest replaces the tables with its own; drop --fields")
-    if ns.versus and ns.fields:
-        raise DomaingenError("--versus replaces the tables with its own; drop --fields")
-    if ns.versus and Path(ns.versus).resolve() == Path(ns.input_dir).resolve():
-        raise DomaingenError(f"--versus {ns.versus} is the --input_dir itself; name another sweep directory")
-    if ns.trajectories and ns.fields:
-        raise DomaingenError("--trajectories names its fields itself; drop --fields (it adds fields to tables "
-                             "and to --draws)")
-    reference = pd.concat([read_reference(f) for f in ns.reference], ignore_index=True) if ns.reference else None
-    collection = _collection(ns.input_dir, ns)
-    if ns.manifest:
-        from domaingen.tables.provenance import manifest_summary
-
-        return _write(manifest_summary(collection, ns.format), ns.output)
-    if ns.masks_x_domains:
-        from domaingen.inspect.masks_over_trials import masks_matrix_tables, matrix_text
-
-        tables = masks_matrix_tables(collection, ns.input_dir, ns.hparams_choice)
-        return _write(matrix_text(tables, ns.format, ns.error), ns.output)
-    if ns.trajectories or ns.draws:
-        from domaingen.tables.views import draws_table, render, trajectories
-
-        if ns.trajectories:
-            text = render(trajectories(collection.records, ns.trajectories),
-                          "mean over runs at each checkpoint", ns.format)
-        else:
-            text = render(draws_table(collection.records, ns.fields),
-                          "every hparams draw, training-domain validation (accuracies in %)", ns.format)
-        return _write(text, ns.output)
-    methods = _methods(collection, ns.selection, collection.bundle)
-    if ns.versus:
-        return _write(_versus_text(collection, methods, ns), ns.output)
-    if ns.top_hparams:
-        if ns.format == "csv":
-            text = top_hparams_csv(collection, methods, ns.hparams_choice)
-        else:
-            text = top_hparams_markdown(collection, methods, ns.hparams_choice)
-    else:
-        tables = build_tables(collection, methods, ns.hparams_choice, reference)
-        derived = paired_tables(tables, pairs) if pairs is not None else []
-        derived += field_tables(tables, collection.records, ns.fields) if ns.fields else []
-        tables += derived
-        if ns.format == "markdown":
-            text = to_markdown(tables, collection, ns.show_trials, ns.error)
-        elif ns.format == "latex":
-            text = to_latex(tables, collection, ns.show_trials, ns.bare, ns.error)
-        else:
-            text = to_csv(tables, ns.error)
-    return _write(text, ns.output)
-
-
 def _methods(collection, asked: Sequence[str] | None, bundle: dict | None) -> list[str]:
     """The selection methods asked for, else collect's default; a bundle holds the runs of its own methods only."""
     if bundle is not None:
@@ -359,23 +285,24 @@ def export_command(ns: argparse.Namespace) -> int:
 
 
 def _versus_text(collection, methods: Sequence[str], ns: argparse.Namespace) -> str:
-    """`collect --versus`: the two sweeps' cells and their paired differences, after a line
+    """`collect versus`: the two sweeps' cells and their paired differences, after a line
     saying how their twin runs' arguments differ (a comment in LaTeX; stderr for CSV)."""
     from domaingen.tables.comparisons import argument_differences, versus_tables
     from domaingen.tables.reporting import build_tables, done_runs, to_csv, to_latex, to_markdown
 
-    if not Path(ns.versus).is_dir():
-        raise DomaingenError(f"--versus {ns.versus}: no such directory; name a sweep directory to compare with")
-    other = _collection(ns.versus, ns)
+    if not Path(ns.other).is_dir():
+        raise DomaingenError(f"--other {ns.other}: no such directory; name a sweep directory to compare with")
+    other = _collection(ns.other, ns)
     if other.protocol != collection.protocol:
-        raise DomaingenError(f"--versus: {ns.input_dir} holds protocol {collection.protocol} and {ns.versus} protocol "
-                             f"{other.protocol}; twin runs pair only within one protocol: set their tables side by side")
-    label_a, label_b = Path(ns.input_dir).resolve().name, Path(ns.versus).resolve().name
+        raise DomaingenError(f"collect versus: {ns.input_dir} holds protocol {collection.protocol} and {ns.other} "
+                             f"protocol {other.protocol}; twin runs pair only within one protocol: set their tables "
+                             "side by side")
+    label_a, label_b = Path(ns.input_dir).resolve().name, Path(ns.other).resolve().name
     if label_a == label_b:
-        label_a, label_b = str(ns.input_dir), str(ns.versus)
+        label_a, label_b = str(ns.input_dir), str(ns.other)
     tables = versus_tables(build_tables(collection, methods, ns.hparams_choice),
                            build_tables(other, methods, ns.hparams_choice), label_a, label_b)
-    summary = argument_differences(_recorded_args(ns.input_dir), _recorded_args(ns.versus), label_a, label_b)
+    summary = argument_differences(_recorded_args(ns.input_dir), _recorded_args(ns.other), label_a, label_b)
     summary += (f"; {label_b} has {done_runs(other.records['run'].nunique() if len(other.records) else 0)} "
                 "(the counts at the end are the first sweep's)")
     if ns.format == "markdown":

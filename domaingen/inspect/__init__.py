@@ -29,7 +29,7 @@ split, a training column its in-domain test split where the run has one
 (`--in_domain_test`), else its `out` split (which selection has seen); the header says
 which. The matrix goes into `RUN_DIR/diagnostics.json` under `masks_x_domains` (`diagnose`
 keeps it) and `report` draws it as a heatmap (masks_x_domains.py). Over a sweep,
-`domaingen collect --input_dir DIR --masks_x_domains [--format csv]` averages the matrices
+`domaingen collect masks-x-domains --input_dir DIR [--format csv]` averages the matrices
 of the runs training-domain validation selects, cell by cell over trials, with the tables'
 error bar, and names each selected run it left out (no matrix, or one of another step)
 (masks_over_trials.py); `report` draws those means as heatmaps too.

@@ -1,4 +1,4 @@
-"""`collect --masks_x_domains`: every mask (or head) on every domain, over a sweep's trials.
+"""`collect masks-x-domains`: every mask (or head) on every domain, over a sweep's trials.
 
 `domaingen evaluate RUN --masks_x_domains` writes one run's matrix (DMG's Table 4) to
 `RUN/diagnostics.json`. A paper's table is a mean over trials, so this view takes, per
@@ -74,7 +74,7 @@ def masks_matrix_tables(collection: Collection, input_dir: str | Path,
     cell disagree in their rows or columns (runs of different set-ups).
     """
     if collection.bundle is not None:
-        raise DomaingenError("--masks_x_domains reads each run's diagnostics.json, which a bundle does not hold: "
+        raise DomaingenError("collect masks-x-domains reads each run's diagnostics.json, which a bundle does not hold: "
                              "give the sweep directory")
     root = Path(input_dir)
     single_run = (root / RESULTS).exists()  # collect reads a run directory as itself
@@ -121,7 +121,7 @@ def _title(table: MatrixTable) -> str:
 def matrix_text(tables: list[MatrixTable], fmt: str, error: str = "domainbed") -> str:
     """Markdown (a heading, the table and its notes per table) or CSV (one row per cell)."""
     if fmt not in FORMATS:
-        raise DomaingenError(f"--masks_x_domains prints markdown or csv, not {fmt}")
+        raise DomaingenError(f"collect masks-x-domains prints markdown or csv, not {fmt}")
     if fmt == "csv":
         rows = []
         for t in tables:

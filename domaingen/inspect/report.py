@@ -889,7 +889,7 @@ def _figures_html(specs: list[FigureSpec], output: Path, plt, keep_figures: bool
 
 def _masks_over_trials_html(collection: Collection, root: Path, output: Path, plt, keep_figures: bool,
                             figures: list[FigureSpec]) -> list[str]:
-    """The section of `collect --masks_x_domains`'s mean matrices as heatmaps (none when no run has a matrix);
+    """The section of `collect masks-x-domains`'s mean matrices as heatmaps (none when no run has a matrix);
     the figures are appended to `figures`."""
     try:
         tables = [t for t in masks_matrix_tables(collection, root) if t.cells]
@@ -902,7 +902,7 @@ def _masks_over_trials_html(collection: Collection, root: Path, output: Path, pl
         name = re.sub(r"\W+", "_", f"mean_{t.dataset}_{t.algorithm}_{t.test_env}")
         left_out = f"; left out: {'; '.join(t.unevaluated)}" if t.unevaluated else ""
         source = (f"mean over trials {t.trials} of the runs training-domain validation selects, at their selected "
-                  f"steps {', '.join(map(str, t.steps))}{left_out}; collect --masks_x_domains prints the ± per cell")
+                  f"steps {', '.join(map(str, t.steps))}{left_out}; collect masks-x-domains prints the ± per cell")
         specs.append(masks_x_domains_heatmap(name, label, t.matrix, plt, t.algorithm, source))
     figures += specs
     parts = ["<h2>Every mask (or head) on every domain, mean over trials (training-domain validation)</h2>"]

@@ -80,7 +80,7 @@ curves. Each record lists the splits it evaluated in `evaluated`.
 `collect` gives the same cells from `final`, `selection` and `all` runs of the same seeds
 (evaluation draws no random numbers, so training is identical): tested on small sweeps of
 singles and pairs, and of ERM and DMG singles, for every selection method, table kind,
-`--paired` and `--versus`, and with a DomainBed-style reader; checked once with DomainBed's
+`--paired` and `collect versus`, and with a DomainBed-style reader; checked once with DomainBed's
 own collect_results, which prints the same tables from a `final` and an `all` sweep.
 
 On ColoredMNIST (test env 2, 20% held out) a `final` checkpoint evaluates 13% of the

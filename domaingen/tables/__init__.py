@@ -97,13 +97,13 @@ every trial_seed seen for that dataset and algorithm), `note` (why a cell is
 empty, or what an average covers) and, `;`-joined in trial order,
 `trial_seeds`, `hparams_seeds`, `steps`, `runs` (the selected run
 directories) and `values` (each trial's number, unrounded), `marks`,
-`step0_trials`, `tied_trials` and `error_definition` (above). `collect --top_hparams` (DomainBed's `list_top_hparams.py`) prints,
+`step0_trials`, `tied_trials` and `error_definition` (above). `collect top-hparams` (DomainBed's `list_top_hparams.py`) prints,
 per selection method, dataset, algorithm, test environment and trial, the
 selected run, hparams_seed, step, hyperparameter values, and validation and test
 accuracy (`--format csv` for the same as CSV):
 
 ```
-domaingen collect --input_dir sweeps_out/quick --top_hparams --selection training
+domaingen collect top-hparams --input_dir sweeps_out/quick --selection training
 ```
 
 **Paired differences and recorded quantities.** `--paired` adds, per test table,
@@ -123,9 +123,9 @@ rather than as a percentage:
 domaingen collect --input_dir sweeps_out/table1 --selection last --error se --paired --fields 'modreg_*kept_fraction'
 ```
 
-**One sweep against another.** `--versus DIR` replaces the tables with a comparison of
-two sweeps launched with the same seeds and one setting changed (`--precision`, a code
-version, `--eval_splits`): per table and algorithm both have, the first sweep's cell, the
+**One sweep against another.** `collect versus --other DIR` prints, instead of the
+tables, a comparison of two sweeps launched with the same seeds and one setting changed
+(`--precision`, a code version, `--eval_splits`): per table and algorithm both have, the first sweep's cell, the
 second's, and their difference paired by trial_seed (the same restart: same initial
 weights, same minibatches), with the same notes as `--paired`. A first line says how many
 runs have a twin (same dataset, algorithm, test environments, hparams_seed and
@@ -135,14 +135,14 @@ changed more than it meant to shows it. This is how bf16 is checked against fp32
 ```
 domaingen sweep launch --spec sweeps/domainbed_erm.toml --precision bf16 --output_dir out/erm_bf16
 domaingen sweep launch --spec sweeps/domainbed_erm.toml --precision fp32 --output_dir out/erm_fp32
-domaingen collect --input_dir out/erm_bf16 --versus out/erm_fp32 --error se
+domaingen collect versus --input_dir out/erm_bf16 --other out/erm_fp32 --error se
 ```
 
-**Quantities over training, and every draw of a sweep.** Two views replace the
-tables. `--trajectories GLOB ...` prints, per dataset and algorithm, the mean over
-done runs of the matching record fields at every checkpoint step, with the number of
-runs (ModReg's kept fraction and keep-probability quantiles per layer show whether the
-masks move at all, and when). `--draws` prints, per algorithm, one row per
+**Quantities over training, and every draw of a sweep.** Two views print instead of
+the tables. `collect trajectories --fields GLOB ...` prints, per dataset and algorithm,
+the mean over done runs of the matching record fields at every checkpoint step, with the
+number of runs (ModReg's kept fraction and keep-probability quantiles per layer show
+whether the masks move at all, and when). `collect draws` prints, per algorithm, one row per
 hyperparameter draw: the hyperparameters that differ between draws, training-domain
 validation and test accuracy per dataset at each run's selected checkpoint (mean over
 its runs there) and the validation averaged over datasets, best first: the criterion
@@ -150,8 +150,8 @@ by which `sweeps/modreg_defaults.toml` picks ModReg's defaults; with `--fields G
 also those fields at each run's last checkpoint. Both print markdown or csv:
 
 ```
-domaingen collect --input_dir sweeps_out/table1 --trajectories 'modreg_*kept_fraction' 'modreg_*_p50'
-domaingen collect --input_dir sweeps_out/modreg_defaults --draws --fields 'modreg_*kept_fraction'
+domaingen collect trajectories --input_dir sweeps_out/table1 --fields 'modreg_*kept_fraction' 'modreg_*_p50'
+domaingen collect draws --input_dir sweeps_out/modreg_defaults --fields 'modreg_*kept_fraction'
 ```
 
 **One part of a sweep.** `--datasets NAME ...` tabulates only those datasets' runs (done,
@@ -194,7 +194,7 @@ with the later checkpoint winning ties, matched only 34, 158 and 24 of them.
   after the data source (`(data: MNIST-70000; protocol: paired)`), the Markdown footnote
   says what the trials of its cells share, the CSV has a `protocol` column. A table holds
   one protocol: `collect` over a directory with runs of two refuses with one line (exit 2)
-  naming the `--protocol NAME` that reads one, and `--versus` refuses two sweeps of
+  naming the `--protocol NAME` that reads one, and `collect versus` refuses two sweeps of
   different protocols (their runs are no twins).
 - **Columns are what was swept.** A table has a column for each environment some run
   held out (done, failed or unfinished), so a sweep holding out only -90% (the IRM

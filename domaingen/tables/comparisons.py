@@ -8,7 +8,7 @@
 - Record fields at the selected checkpoint (`collect --fields GLOB`): any number a
   run records (ModReg's kept fraction per layer, DMG's IoU, a penalty), read from
   the record of each trial's selected run and step, mean ± error over trials.
-- Two sweeps against each other (`collect --versus DIR`): each algorithm's cells in
+- Two sweeps against each other (`collect versus --other DIR`): each algorithm's cells in
   both and their difference trial by trial, with what the twin runs' arguments differ in.
 """
 
@@ -150,7 +150,7 @@ def field_tables(tables: Sequence[Table], records: pd.DataFrame, patterns: Seque
 
 
 def versus_tables(tables_a: Sequence[Table], tables_b: Sequence[Table], label_a: str, label_b: str) -> list[Table]:
-    """`collect --versus`: per test table the two sweeps share, and per algorithm both have,
+    """`collect versus`: per test table the two sweeps share, and per algorithm both have,
     three rows: A's cell, B's cell, and A minus B paired by trial_seed (`paired_cell`).
 
     Two sweeps launched with the same seeds and one setting changed (precision, a code

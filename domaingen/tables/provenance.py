@@ -1,6 +1,6 @@
 """What the runs behind a table were computed with, from their `manifest.json` (run.manifest).
 
-`collect` groups nothing by it: a table's cells are what they are. But `collect --manifest`
+`collect` groups nothing by it: a table's cells are what they are. But `collect manifest`
 lists, for the runs the tables read (every done run collected, after `--datasets`), each
 distinct code version, torch version and device with its number of runs, and a table whose
 runs (the done runs of its dataset, which its selection compares) come from more than one
@@ -46,13 +46,13 @@ def mixed_versions_note(collection: Collection, dataset: str | None) -> str:
     versions = counts(collection, "code version", dataset)
     if len(versions) < 2:
         return ""
-    return f"Its runs mix code versions: {_listing(versions)}; `collect --manifest` lists them."
+    return f"Its runs mix code versions: {_listing(versions)}; `collect manifest` lists them."
 
 
 def manifest_summary(collection: Collection, fmt: str = "markdown") -> str:
-    """`collect --manifest`: per kind (code version, torch, device) each distinct value and its run count."""
+    """`collect manifest`: per kind (code version, torch, device) each distinct value and its run count."""
     if fmt not in ("markdown", "csv"):
-        raise DomaingenError(f"--manifest prints markdown or csv, not {fmt}")
+        raise DomaingenError(f"collect manifest prints markdown or csv, not {fmt}")
     rows = [{"kind": kind, "value": value, "runs": n}
             for kind in KINDS for value, n in sorted(counts(collection, kind).items())]
     if fmt == "csv":

@@ -1,4 +1,4 @@
-"""`collect --top_hparams`: which run, step and hyperparameters each selection chose, per trial.
+"""`collect top-hparams`: which run, step and hyperparameters each selection chose, per trial.
 
 The view of DomainBed's `list_top_hparams.py`, for the selected draws: per
 selection method, dataset, algorithm, test environment and trial, the chosen run

@@ -1,10 +1,10 @@
 """Two views of a sweep's records besides the accuracy tables (`domaingen collect`).
 
-- `--trajectories GLOB`: per dataset and algorithm, the mean over done runs of the
+- `collect trajectories --fields GLOB`: per dataset and algorithm, the mean over done runs of the
   matching record fields at every checkpoint step (e.g. ModReg's kept fraction and
   keep-probability quantiles per layer), so a reader sees how a quantity moves during
   training, not only where the selected checkpoint left it.
-- `--draws`: per algorithm, one row per hyperparameter draw (hparams_seed): the
+- `collect draws`: per algorithm, one row per hyperparameter draw (hparams_seed): the
   hyperparameters that differ between its draws, training-domain validation and test
   accuracy at each run's selected checkpoint per dataset (mean over its runs there),
   the validation averaged over datasets (the criterion a sweep that picks defaults
@@ -69,7 +69,7 @@ def draws_table(records: pd.DataFrame, field_patterns: Sequence[str] | None = No
     """
     selected = training_domain_validation(records)
     if selected.empty:
-        raise DomaingenError("--draws needs runs with one test environment (training-domain validation)")
+        raise DomaingenError("collect draws needs runs with one test environment (training-domain validation)")
     fields = matching_fields(records, field_patterns) if field_patterns else []
     last = records.sort_values("step", kind="stable").drop_duplicates("run", keep="last").set_index("run")
     out = {}
@@ -110,7 +110,7 @@ def _formatted(frame: pd.DataFrame) -> pd.DataFrame:
 def render(tables: dict, title: str, fmt: str) -> str:
     """Markdown (a heading and a table per key) or CSV (the tables stacked, the key in leading columns)."""
     if fmt not in FORMATS:
-        raise DomaingenError(f"--trajectories and --draws print markdown or csv, not {fmt}")
+        raise DomaingenError(f"collect trajectories and draws print markdown or csv, not {fmt}")
     if fmt == "csv":
         frames = []
         for key, frame in tables.items():

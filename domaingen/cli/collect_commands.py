@@ -1,0 +1,305 @@
+"""`domaingen collect`: a sweep's result tables, or one other view of its runs.
+
+`domaingen collect --input_dir DIR ...` prints the tables (the view `tables`, which may also
+be named); `domaingen collect VIEW --input_dir DIR ...` prints another view, and takes only
+that view's options, so argparse refuses any other. VIEWS holds the views: a view is one
+entry there (its help, the options it takes and what it runs). The options several views
+share are declared once, below, and each view adds those it reads. Building the parser
+imports nothing heavy: each view imports what it computes with when it runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Sequence
+
+from domaingen.errors import DomaingenError
+
+ALL_FORMATS = ("markdown", "latex", "csv")
+PLAIN_FORMATS = ("markdown", "csv")
+DEFAULT_VIEW = "tables"
+
+
+# ---- options shared by several views ----
+
+def _add_input(p: argparse.ArgumentParser, formats: Sequence[str] = ALL_FORMATS) -> None:
+    """What every view reads and writes: the runs (--input_dir, narrowed by --datasets and --protocol), the output."""
+    p.add_argument("--input_dir", required=True,
+                   help="a sweep directory, a run directory, or a bundle (domaingen export's FILE.zip or its "
+                        "unpacked folder)")
+    p.add_argument("--format", choices=list(formats), default="markdown")
+    p.add_argument("--output", default=None, help="write here instead of stdout")
+    p.add_argument("--datasets", nargs="+", metavar="DATASET",
+                   help="only these datasets' runs (e.g. one part of a sweep whose parts differ in their datasets)")
+    p.add_argument("--protocol", default=None,
+                   help="only the runs of this protocol (paired or domainbed); needed when a directory holds "
+                        "both: a table never mixes them")
+    p.add_argument("--allow_mixed_sources", action="store_true",
+                   help="tabulate runs of one dataset that come from different data sources together "
+                        "(default: refuse; the captions then name every source)")
+
+
+def _add_selection(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--selection", nargs="+", choices=["training", "loo", "oracle", "last"], default=None,
+                   help="default: training and oracle, then loo when pair runs exist; "
+                        "last = no selection, the final checkpoint (the IRM paper's protocol)")
+
+
+def _add_hparams_choice(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--hparams_choice", default="per_trial",
+                   help="per_trial (default, DomainBed's): per trial, the hparams draw with the best validation "
+                        "accuracy; pooled: one draw per cell, by validation accuracy averaged over trials")
+
+
+def _add_error(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--error", choices=["domainbed", "se", "std"], default="domainbed",
+                   help="what ± shows: DomainBed's std(x/sqrt(n)) with ddof 0 (default), the sample "
+                        "standard error (ddof 1) or the sample standard deviation over trials")
+
+
+def _add_table_layout(p: argparse.ArgumentParser) -> None:
+    """--show_trials and --bare: how accuracy tables are printed."""
+    p.add_argument("--show_trials", action="store_true", help="append the number of trials to each cell")
+    p.add_argument("--bare", action="store_true",
+                   help="latex: tables only, for \\input in a paper (the packages they need are named at the top)")
+
+
+def _add_fields(p: argparse.ArgumentParser, required: bool, text: str) -> None:
+    p.add_argument("--fields", nargs="+", default=None, metavar="GLOB", required=required, help=text)
+
+
+def _check_hparams_choice(ns: argparse.Namespace) -> None:
+    from domaingen.tables.selection import check_hparams_choice
+
+    check_hparams_choice(ns.hparams_choice)
+
+
+# ---- tables flags that ask for another view: each stops with one line giving that view's command ----
+
+MOVED = {
+    "--top_hparams": "domaingen collect top-hparams --input_dir DIR",
+    "--trajectories": "domaingen collect trajectories --input_dir DIR --fields GLOB ...",
+    "--draws": "domaingen collect draws --input_dir DIR",
+    "--versus": "domaingen collect versus --input_dir DIR --other DIR",
+    "--masks_x_domains": "domaingen collect masks-x-domains --input_dir DIR",
+    "--manifest": "domaingen collect manifest --input_dir DIR",
+}
+
+
+class _Moved(argparse.Action):
+    """A flag of MOVED: exit 2 with one line giving the command of the view it asks for."""
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        flag = self.option_strings[0]
+        parser.exit(2, f"domaingen: error: {flag} is now '{MOVED[flag]}'\n")
+
+
+# ---- the views ----
+
+def _tables_arguments(p: argparse.ArgumentParser) -> None:
+    _add_input(p)
+    _add_selection(p)
+    _add_hparams_choice(p)
+    _add_error(p)
+    _add_table_layout(p)
+    p.add_argument("--reference", nargs="+", default=None, metavar="FILE.csv",
+                   help="published numbers to add as rows labelled with their source (columns: dataset, algorithm, "
+                        "test_env or Avg, mean, error, source; optional selection, table); e.g. "
+                        "results/reference_domainbed_mnist.csv")
+    p.add_argument("--paired", nargs="*", default=None, metavar="ALGORITHM:BASE",
+                   help="also tabulate paired differences of test accuracy, ALGORITHM minus BASE over the trials "
+                        "both have (same trial_seed: the same restart); no pairs given: every X+Y beside its X")
+    _add_fields(p, False, "also tabulate record fields matching these globs (e.g. 'modreg_*_kept_fraction') at "
+                          "each trial's selected checkpoint, mean ± error over trials")
+    for flag in MOVED:
+        p.add_argument(flag, nargs="*", action=_Moved, help=argparse.SUPPRESS)
+
+
+def _tables(ns: argparse.Namespace) -> int:
+    import pandas as pd
+
+    from domaingen.cli.sweep_commands import _collection, _methods, _write
+    from domaingen.tables.comparisons import field_tables, paired_tables, parse_pairs
+    from domaingen.tables.reference import read_reference
+    from domaingen.tables.reporting import build_tables, to_csv, to_latex, to_markdown
+
+    _check_hparams_choice(ns)
+    pairs = parse_pairs(ns.paired)
+    reference = pd.concat([read_reference(f) for f in ns.reference], ignore_index=True) if ns.reference else None
+    collection = _collection(ns.input_dir, ns)
+    methods = _methods(collection, ns.selection, collection.bundle)
+    tables = build_tables(collection, methods, ns.hparams_choice, reference)
+    derived = paired_tables(tables, pairs) if pairs is not None else []
+    derived += field_tables(tables, collection.records, ns.fields) if ns.fields else []
+    tables += derived
+    if ns.format == "markdown":
+        text = to_markdown(tables, collection, ns.show_trials, ns.error)
+    elif ns.format == "latex":
+        text = to_latex(tables, collection, ns.show_trials, ns.bare, ns.error)
+    else:
+        text = to_csv(tables, ns.error)
+    return _write(text, ns.output)
+
+
+def _top_hparams_arguments(p: argparse.ArgumentParser) -> None:
+    _add_input(p, PLAIN_FORMATS)
+    _add_selection(p)
+    _add_hparams_choice(p)
+
+
+def _top_hparams(ns: argparse.Namespace) -> int:
+    from domaingen.cli.sweep_commands import _collection, _methods, _write
+    from domaingen.tables.top_hparams import top_hparams_csv, top_hparams_markdown
+
+    _check_hparams_choice(ns)
+    collection = _collection(ns.input_dir, ns)
+    methods = _methods(collection, ns.selection, collection.bundle)
+    render = top_hparams_csv if ns.format == "csv" else top_hparams_markdown
+    return _write(render(collection, methods, ns.hparams_choice), ns.output)
+
+
+def _trajectories_arguments(p: argparse.ArgumentParser) -> None:
+    _add_input(p, PLAIN_FORMATS)
+    _add_fields(p, True, "the record fields to follow, as globs (e.g. 'modreg_*kept_fraction')")
+
+
+def _trajectories(ns: argparse.Namespace) -> int:
+    from domaingen.cli.sweep_commands import _collection, _write
+    from domaingen.tables.views import render, trajectories
+
+    collection = _collection(ns.input_dir, ns)
+    text = render(trajectories(collection.records, ns.fields), "mean over runs at each checkpoint", ns.format)
+    return _write(text, ns.output)
+
+
+def _draws_arguments(p: argparse.ArgumentParser) -> None:
+    _add_input(p, PLAIN_FORMATS)
+    _add_fields(p, False, "also these record fields (globs) at each run's last checkpoint")
+
+
+def _draws(ns: argparse.Namespace) -> int:
+    from domaingen.cli.sweep_commands import _collection, _write
+    from domaingen.tables.views import draws_table, render
+
+    collection = _collection(ns.input_dir, ns)
+    text = render(draws_table(collection.records, ns.fields),
+                  "every hparams draw, training-domain validation (accuracies in %)", ns.format)
+    return _write(text, ns.output)
+
+
+def _versus_arguments(p: argparse.ArgumentParser) -> None:
+    _add_input(p)
+    p.add_argument("--other", required=True, metavar="DIR",
+                   help="the sweep to compare with: launched with the same seeds and one setting changed "
+                        "(e.g. --precision); differences are --input_dir's runs minus its twins here")
+    _add_selection(p)
+    _add_hparams_choice(p)
+    _add_error(p)
+    _add_table_layout(p)
+
+
+def _versus(ns: argparse.Namespace) -> int:
+    from domaingen.cli.sweep_commands import _collection, _methods, _versus_text, _write
+
+    _check_hparams_choice(ns)
+    if Path(ns.other).resolve() == Path(ns.input_dir).resolve():
+        raise DomaingenError(f"--other {ns.other} is the --input_dir itself; name another sweep directory")
+    collection = _collection(ns.input_dir, ns)
+    methods = _methods(collection, ns.selection, collection.bundle)
+    return _write(_versus_text(collection, methods, ns), ns.output)
+
+
+def _masks_x_domains_arguments(p: argparse.ArgumentParser) -> None:
+    _add_input(p, PLAIN_FORMATS)
+    _add_hparams_choice(p)
+    _add_error(p)
+
+
+def _masks_x_domains(ns: argparse.Namespace) -> int:
+    from domaingen.cli.sweep_commands import _collection, _write
+    from domaingen.inspect.masks_over_trials import masks_matrix_tables, matrix_text
+
+    _check_hparams_choice(ns)
+    collection = _collection(ns.input_dir, ns)
+    tables = masks_matrix_tables(collection, ns.input_dir, ns.hparams_choice)
+    return _write(matrix_text(tables, ns.format, ns.error), ns.output)
+
+
+def _manifest_arguments(p: argparse.ArgumentParser) -> None:
+    _add_input(p, PLAIN_FORMATS)
+
+
+def _manifest(ns: argparse.Namespace) -> int:
+    from domaingen.cli.sweep_commands import _collection, _write
+    from domaingen.tables.provenance import manifest_summary
+
+    collection = _collection(ns.input_dir, ns)
+    return _write(manifest_summary(collection, ns.format), ns.output)
+
+
+@dataclass(frozen=True)
+class View:
+    """One output of `collect`: its help line, the options it takes, and what prints it."""
+
+    help: str
+    add_arguments: Callable[[argparse.ArgumentParser], None]
+    run: Callable[[argparse.Namespace], int]
+
+
+VIEWS: dict[str, View] = {
+    DEFAULT_VIEW: View(
+        "(the default: `collect --input_dir DIR` is `collect tables --input_dir DIR`) selection and the result "
+        "tables: test accuracy per dataset, averages, in-domain accuracy", _tables_arguments, _tables),
+    "top-hparams": View(
+        "per dataset, algorithm, test env and trial, the selected run, its hyperparameters and its validation "
+        "and test accuracy", _top_hparams_arguments, _top_hparams),
+    "trajectories": View(
+        "per dataset and algorithm, the mean over runs of the record fields matching --fields at every "
+        "checkpoint step", _trajectories_arguments, _trajectories),
+    "draws": View(
+        "per algorithm, every hparams draw with the hyperparameters that vary, training-domain validation and "
+        "test accuracy per dataset and validation averaged over datasets, best first", _draws_arguments, _draws),
+    "versus": View(
+        "compare with another sweep launched with the same seeds and one setting changed: per algorithm both "
+        "sweeps' cells and their difference paired by trial_seed, with the arguments their twin runs differ in",
+        _versus_arguments, _versus),
+    "masks-x-domains": View(
+        "per dataset, algorithm and test env, the mask-by-domain matrices of `evaluate --masks_x_domains` "
+        "(DMG's Table 4) of the runs training-domain validation selects, mean ± error over trials",
+        _masks_x_domains_arguments, _masks_x_domains),
+    "manifest": View(
+        "each distinct code version, torch version and device of the done runs behind the tables (their "
+        "manifest.json), with its number of runs", _manifest_arguments, _manifest),
+}
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    """The `collect` command and one subcommand per view."""
+    p = sub.add_parser("collect", help="selection + result tables from finished runs, or another view of them",
+                       description="Without a view name, `collect` prints the tables: `domaingen collect "
+                                   "--input_dir DIR ...` is `domaingen collect tables --input_dir DIR ...`. "
+                                   "`domaingen collect VIEW --help` lists a view's options.")
+    views = p.add_subparsers(title="views", dest="view", required=True, metavar="VIEW")
+    for name, view in VIEWS.items():
+        view.add_arguments(views.add_parser(name, help=view.help, description=view.help))
+
+
+def with_view(argv: Sequence[str]) -> list[str]:
+    """`argv` with the default view named after `collect` when none is: `collect --input_dir D`
+    reads as `collect tables --input_dir D`. The command is argv's first word that is no option
+    (the top-level options take no value)."""
+    argv = list(argv)
+    at = next((i for i, token in enumerate(argv) if not token.startswith("-")), None)
+    if at is None or argv[at] != "collect":
+        return argv
+    following = argv[at + 1] if at + 1 < len(argv) else None
+    if following in VIEWS or following in ("-h", "--help"):
+        return argv
+    return argv[:at + 1] + [DEFAULT_VIEW] + argv[at + 1:]
+
+
+def run(ns: argparse.Namespace) -> int:
+    """Print (or write) the view the command line names."""
+    return VIEWS[ns.view].run(ns)

@@ -1,0 +1,186 @@
+"""`domaingen collect VIEW`: each view prints what its library function renders, takes only its own
+options, and the flags that used to pick a view stop with one line naming the command that replaced them."""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import shlex
+
+import pandas as pd
+import pytest
+
+from domaingen.cli.collect_commands import VIEWS, with_view
+from domaingen.cli.main import main
+from domaingen.cli.sweep_commands import _versus_text
+from domaingen.inspect.masks_over_trials import masks_matrix_tables, matrix_text
+from domaingen.tables.collect import collect
+from domaingen.tables.provenance import manifest_summary
+from domaingen.tables.reporting import build_tables, to_csv, to_latex, to_markdown
+from domaingen.tables.top_hparams import top_hparams_csv, top_hparams_markdown
+from domaingen.tables.views import draws_table, render, trajectories
+from test_comparisons import TEST_B, write_sweep
+
+DEFAULT_METHODS = ["training", "oracle"]  # collect's default for single-environment runs
+# one matrix per ERM+ModReg run, at step 1 (the step training-domain validation selects in write_sweep's runs)
+MATRICES = {0: [[0.9, 0.5], [0.7, 0.6]], 1: [[0.8, 0.4], [0.5, 0.7]]}
+
+
+@pytest.fixture(scope="module")
+def sweeps(tmp_path_factory) -> dict[str, str]:
+    """test_comparisons' sweep (ERM, ERM+ModReg; the ModReg runs with a mask-by-domain matrix) and its twin."""
+    root = tmp_path_factory.mktemp("views")
+    write_sweep(root / "bf16", precision="bf16")
+    write_sweep(root / "fp32", TEST_B, precision="fp32")
+    for trial, accuracy in MATRICES.items():
+        matrix = {"rows": ["+80%", "-90%"], "columns": ["+90%", "+80%"], "splits": ["in", "out"], "train_rows": 1,
+                  "accuracy": accuracy, "step": 1, "test_envs": [0]}
+        (root / "bf16" / f"ERM+ModReg_{trial}" / "diagnostics.json").write_text(json.dumps({"masks_x_domains": matrix}))
+    return {"sweep": str(root / "bf16"), "twin": str(root / "fp32")}
+
+
+def stdout_of(capsys, *argv: str) -> str:
+    capsys.readouterr()
+    assert main(["-q", "collect", *argv]) == 0
+    return capsys.readouterr().out
+
+
+def refused(capsys, *argv: str) -> str:
+    """The last stderr line of a command argparse (or a moved flag) refuses with exit status 2."""
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exit_:
+        main(["collect", *argv])
+    assert exit_.value.code == 2
+    return capsys.readouterr().err.strip().splitlines()[-1]
+
+
+def test_the_tables_are_the_default_view_and_print_what_reporting_renders(sweeps, capsys):
+    sweep = sweeps["sweep"]
+    tables = build_tables(collect(sweep), DEFAULT_METHODS)
+    markdown = stdout_of(capsys, "--input_dir", sweep)
+    assert markdown == to_markdown(tables, collect(sweep)) and "| ERM " in markdown
+    assert stdout_of(capsys, "tables", "--input_dir", sweep) == markdown
+    assert stdout_of(capsys, "--input_dir", sweep, "--format", "latex", "--bare", "--show_trials") == to_latex(
+        tables, collect(sweep), show_n=True, bare=True)
+    assert stdout_of(capsys, "tables", "--input_dir", sweep, "--format", "csv", "--error", "se") == to_csv(tables, "se")
+
+
+def test_each_view_prints_what_its_function_renders(sweeps, capsys):
+    sweep, twin = sweeps["sweep"], sweeps["twin"]
+    collection = collect(sweep)
+    records = collection.records
+    assert stdout_of(capsys, "top-hparams", "--input_dir", sweep) == top_hparams_markdown(collection, DEFAULT_METHODS)
+    assert stdout_of(capsys, "top-hparams", "--input_dir", sweep, "--format", "csv", "--selection", "oracle") == (
+        top_hparams_csv(collection, ["oracle"]))
+    for fmt in ("markdown", "csv"):
+        assert stdout_of(capsys, "trajectories", "--input_dir", sweep, "--fields", "modreg_*", "--format", fmt) == (
+            render(trajectories(records, ["modreg_*"]), "mean over runs at each checkpoint", fmt))
+        assert stdout_of(capsys, "draws", "--input_dir", sweep, "--format", fmt) == render(
+            draws_table(records), "every hparams draw, training-domain validation (accuracies in %)", fmt)
+        assert stdout_of(capsys, "manifest", "--input_dir", sweep, "--format", fmt) == manifest_summary(collection, fmt)
+        assert stdout_of(capsys, "masks-x-domains", "--input_dir", sweep, "--format", fmt, "--error", "se") == (
+            matrix_text(masks_matrix_tables(collection, sweep), fmt, "se"))
+    assert stdout_of(capsys, "draws", "--input_dir", sweep, "--fields", "modreg_kept_fraction") == render(
+        draws_table(records, ["modreg_kept_fraction"]),
+        "every hparams draw, training-domain validation (accuracies in %)", "markdown")
+    ns = argparse.Namespace(input_dir=sweep, other=twin, format="markdown", show_trials=False, bare=False,
+                            error="se", hparams_choice="per_trial", allow_mixed_sources=False)
+    versus = stdout_of(capsys, "versus", "--input_dir", sweep, "--other", twin, "--selection", "training",
+                       "--error", "se")
+    assert versus == _versus_text(collection, ["training"], ns)
+    assert versus.startswith("3 runs of bf16 have a twin in fp32")
+
+
+def test_the_mask_matrices_view_averages_the_matrices(sweeps, capsys):
+    out = stdout_of(capsys, "masks-x-domains", "--input_dir", sweeps["sweep"], "--format", "csv")
+    table = pd.read_csv(io.StringIO(out))
+    expected = [100 * (MATRICES[0][i][j] + MATRICES[1][i][j]) / 2 for i in range(2) for j in range(2)]
+    assert set(table["algorithm"]) == {"ERM+ModReg"} and table["mean"].tolist() == pytest.approx(expected)
+
+
+# the flags that used to pick a view, and the one line each now stops with
+MOVED = {
+    "--top_hparams": "domaingen collect top-hparams --input_dir DIR",
+    "--trajectories": "domaingen collect trajectories --input_dir DIR --fields GLOB ...",
+    "--draws": "domaingen collect draws --input_dir DIR",
+    "--versus": "domaingen collect versus --input_dir DIR --other DIR",
+    "--masks_x_domains": "domaingen collect masks-x-domains --input_dir DIR",
+    "--manifest": "domaingen collect manifest --input_dir DIR",
+}
+
+
+@pytest.mark.parametrize("flag", list(MOVED))
+def test_an_old_view_flag_names_its_command_in_one_line_and_that_command_runs(flag, sweeps, capsys):
+    sweep = sweeps["sweep"]
+    value = {"--trajectories": ["modreg_*"], "--versus": [sweeps["twin"]]}.get(flag, [])
+    for argv in (["--input_dir", sweep, flag, *value], [flag, *value, "--input_dir", sweep, "--paired"],
+                 ["--input_dir", sweep, "--fields", "x", flag, *value, "--format", "latex"]):
+        capsys.readouterr()
+        with pytest.raises(SystemExit) as exit_:
+            main(["-q", "collect", *argv])
+        assert exit_.value.code == 2
+        assert capsys.readouterr().err == f"domaingen: error: {flag} is now '{MOVED[flag]}'\n"
+    # the command it names, with DIR and GLOB filled in, prints that view
+    words = shlex.split(MOVED[flag])[2:]
+    filled = {"--input_dir": sweep, "--other": sweeps["twin"], "--fields": "modreg_*"}
+    argv = [filled.get(words[i - 1], word) for i, word in enumerate(words) if word != "..."]
+    assert stdout_of(capsys, *argv)
+
+
+def _options(view: str) -> dict[str, bool]:
+    """A view's option -> whether it takes a value."""
+    parser = argparse.ArgumentParser()
+    VIEWS[view].add_arguments(parser)
+    return {a.option_strings[0]: a.nargs != 0 for a in parser._actions if a.option_strings[0] != "-h"}
+
+
+@pytest.mark.parametrize("view", list(VIEWS))
+def test_a_view_refuses_the_options_of_the_others(view, sweeps, capsys):
+    own = _options(view)
+    foreign = {o: takes for v in VIEWS for o, takes in _options(v).items() if o not in own}
+    assert foreign  # every view lacks some other view's option
+    needed = {"trajectories": ["--fields", "x"], "versus": ["--other", "x"]}.get(view, [])
+    for option, takes_value in foreign.items():
+        given = [option] + (["x"] if takes_value else [])
+        message = refused(capsys, view, "--input_dir", sweeps["sweep"], *needed, *given)
+        assert message == f"domaingen: error: unrecognized arguments: {' '.join(given)}"
+
+
+def test_views_take_their_own_options_and_refuse_formats_they_cannot_print(sweeps, capsys):
+    assert set(_options("tables")) >= {"--paired", "--fields", "--reference", "--selection", "--error", "--bare"}
+    assert "--fields" in _options("draws") and "--other" in _options("versus")
+    for view in VIEWS:  # the options every view shares
+        assert set(_options(view)) >= {"--input_dir", "--format", "--output", "--datasets", "--protocol",
+                                       "--allow_mixed_sources"}
+    for view in ("top-hparams", "trajectories", "draws", "masks-x-domains", "manifest"):
+        extra = ["--fields", "x"] if view == "trajectories" else []
+        assert "argument --format: invalid choice: 'latex'" in refused(
+            capsys, view, "--input_dir", sweeps["sweep"], *extra, "--format", "latex")
+    assert refused(capsys, "trajectories", "--input_dir", sweeps["sweep"]).endswith(
+        "the following arguments are required: --fields")
+    assert refused(capsys, "versus", "--input_dir", sweeps["sweep"]).endswith(
+        "the following arguments are required: --other")
+
+
+def test_collect_help_lists_every_view(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["collect", "--help"])
+    assert exit_.value.code == 0
+    text = capsys.readouterr().out
+    listed = [line.split()[0] for line in text.splitlines() if line.startswith("    ") and line.split()]
+    assert [name for name in listed if name in VIEWS] == list(VIEWS)
+    assert "`domaingen collect --input_dir DIR ...` is `domaingen collect tables --input_dir DIR ...`" in " ".join(
+        text.split())
+    with pytest.raises(SystemExit):
+        main(["collect", "masks-x-domains", "--help"])
+    assert capsys.readouterr().out.startswith("usage: domaingen collect masks-x-domains [-h] --input_dir INPUT_DIR")
+
+
+def test_with_view_names_the_tables_when_no_view_is_named():
+    assert with_view(["-q", "collect", "--input_dir", "D"]) == ["-q", "collect", "tables", "--input_dir", "D"]
+    assert with_view(["collect"]) == ["collect", "tables"]
+    assert with_view(["collect", "draws", "--input_dir", "D"]) == ["collect", "draws", "--input_dir", "D"]
+    assert with_view(["collect", "--help"]) == ["collect", "--help"]
+    assert with_view(["train", "--output_dir", "collect"]) == ["train", "--output_dir", "collect"]
+    assert with_view(["-q"]) == ["-q"]
