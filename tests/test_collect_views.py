@@ -49,9 +49,7 @@ def stdout_of(capsys, *argv: str) -> str:
 def refused(capsys, *argv: str) -> str:
     """The last stderr line of a command argparse (or a moved flag) refuses with exit status 2."""
     capsys.readouterr()
-    with pytest.raises(SystemExit) as exit_:
-        main(["collect", *argv])
-    assert exit_.value.code == 2
+    assert main(["collect", *argv]) == 2
     return capsys.readouterr().err.strip().splitlines()[-1]
 
 
@@ -117,9 +115,7 @@ def test_an_old_view_flag_names_its_command_in_one_line_and_that_command_runs(fl
     for argv in (["--input_dir", sweep, flag, *value], [flag, *value, "--input_dir", sweep, "--paired"],
                  ["--input_dir", sweep, "--fields", "x", flag, *value, "--format", "latex"]):
         capsys.readouterr()
-        with pytest.raises(SystemExit) as exit_:
-            main(["-q", "collect", *argv])
-        assert exit_.value.code == 2
+        assert main(["-q", "collect", *argv]) == 2
         assert capsys.readouterr().err == f"domaingen: error: {flag} is now '{MOVED[flag]}'\n"
     # the command it names, with DIR and GLOB filled in, prints that view
     words = shlex.split(MOVED[flag])[2:]
@@ -144,7 +140,7 @@ def test_a_view_refuses_the_options_of_the_others(view, sweeps, capsys):
     for option, takes_value in foreign.items():
         given = [option] + (["x"] if takes_value else [])
         message = refused(capsys, view, "--input_dir", sweeps["sweep"], *needed, *given)
-        assert message == f"domaingen: error: unrecognized arguments: {' '.join(given)}"
+        assert message.startswith(f"domaingen collect {view}: error: unknown flag {option}")
 
 
 def test_views_take_their_own_options_and_refuse_formats_they_cannot_print(sweeps, capsys):
@@ -164,16 +160,13 @@ def test_views_take_their_own_options_and_refuse_formats_they_cannot_print(sweep
 
 
 def test_collect_help_lists_every_view(capsys):
-    with pytest.raises(SystemExit) as exit_:
-        main(["collect", "--help"])
-    assert exit_.value.code == 0
+    assert main(["collect", "--help"]) == 0
     text = capsys.readouterr().out
     listed = [line.split()[0] for line in text.splitlines() if line.startswith("    ") and line.split()]
     assert [name for name in listed if name in VIEWS] == list(VIEWS)
     assert "`domaingen collect --input_dir DIR ...` is `domaingen collect tables --input_dir DIR ...`" in " ".join(
         text.split())
-    with pytest.raises(SystemExit):
-        main(["collect", "masks-x-domains", "--help"])
+    assert main(["collect", "masks-x-domains", "--help"]) == 0
     assert capsys.readouterr().out.startswith("usage: domaingen collect masks-x-domains [-h] --input_dir INPUT_DIR")
 
 

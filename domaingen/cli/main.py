@@ -54,7 +54,7 @@ def parse_command_line(parser: argparse.ArgumentParser, argv: Sequence[str]) -> 
     ns, extras = parser.parse_known_args(argv)
     if extras:
         chosen = _chosen_parser(parser, ns)
-        flags = [o for action in chosen._actions for o in action.option_strings if o.startswith("--")]
+        flags = [o for action in chosen._actions for o in action.option_strings if o.startswith("--") and o != "--help"]
         unknown = extras[0]
         hint = closest(unknown.split("=")[0], flags) if unknown.startswith("-") else ""
         what = "unknown flag" if unknown.startswith("-") else "unexpected argument"
