@@ -78,8 +78,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="domaingen", description="Domain-generalization benchmark suite")
     parser.add_argument("-q", "--quiet", action="store_true", help="only warnings and errors")
     parser.add_argument("--plugins", metavar="MODULE[,MODULE...]", action="append", default=[],
-                        help="modules that register algorithms, datasets or featurizers, loaded before anything "
-                             "else (module names or .py paths; also $DOMAINGEN_PLUGINS and installed packages' "
+                        help="modules that register algorithms, datasets, featurizers, selection methods or launchers, "
+                             "loaded before anything else (module names or .py paths; also $DOMAINGEN_PLUGINS and "
+                             "installed packages' "
                              "'domaingen.plugins' entry points); may stand anywhere on the command line")
     sub = parser.add_subparsers(dest="command", required=True)
     _add_train_parser(sub)
