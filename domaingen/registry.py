@@ -1,7 +1,10 @@
 """A small name -> class table filled by a decorator.
 
 Algorithms and datasets register themselves where they are defined, so adding
-one is a new module and nothing else: there is no central if/elif chain.
+one is a new module and nothing else: there is no central if/elif chain. A table
+may also hold entry objects that describe a function (selection methods,
+launchers); such an entry names the function it describes as `__wrapped__`, and
+that function is what `owner` and the clash check read.
 """
 
 from __future__ import annotations
@@ -22,20 +25,26 @@ class NameClashError(DomaingenError, ValueError):
     """A name registered by two different classes (two plugins, or a plugin and a built-in)."""
 
 
+def _definition(obj: object) -> object:
+    """What defined a registry entry: a class itself, else the function an entry object wraps."""
+    return obj if isinstance(obj, type) else getattr(obj, "__wrapped__", obj)
+
+
 def owner(obj: object) -> str:
     """Who defined `obj`, for messages: its module, marked (built in) for domaingen's own."""
-    module = getattr(obj, "__module__", None) or "?"
+    module = getattr(_definition(obj), "__module__", None) or "?"
     return f"{module} (built in)" if module == "domaingen" or module.startswith("domaingen.") else module
 
 
 def _same_definition(a: object, b: object) -> bool:
     # the same class statement run again (a module re-executed, e.g. reloaded) is not a clash
+    a, b = _definition(a), _definition(b)
     return (getattr(a, "__module__", None), getattr(a, "__qualname__", None)) == (
         getattr(b, "__module__", None), getattr(b, "__qualname__", None))
 
 
 class Registry(Generic[T]):
-    """An ordered table of named classes of one kind ("algorithm", "dataset")."""
+    """An ordered table of named classes (or entry objects) of one kind ("algorithm", "launcher")."""
 
     def __init__(self, kind: str) -> None:
         self.kind = kind

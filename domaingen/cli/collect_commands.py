@@ -42,9 +42,10 @@ def _add_input(p: argparse.ArgumentParser, formats: Sequence[str] = ALL_FORMATS)
 
 
 def _add_selection(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--selection", nargs="+", choices=["training", "loo", "oracle", "last"], default=None,
-                   help="default: training and oracle, then loo when pair runs exist; "
-                        "last = no selection, the final checkpoint (the IRM paper's protocol)")
+    from domaingen.tables.selection import selection_method_names, selection_methods_help
+
+    p.add_argument("--selection", nargs="+", choices=selection_method_names(), default=None,
+                   help=selection_methods_help())
 
 
 def _add_hparams_choice(p: argparse.ArgumentParser) -> None:

@@ -66,8 +66,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser = CommandParser(prog="domaingen", description="Domain-generalization benchmark suite")
     parser.add_argument("-q", "--quiet", action="store_true", help="only warnings and errors")
     parser.add_argument("--plugins", metavar="MODULE[,MODULE...]", action="append", default=[],
-                        help="modules that register algorithms, datasets or featurizers, loaded before anything "
-                             "else (module names or .py paths; also $DOMAINGEN_PLUGINS and installed packages' "
+                        help="modules that register algorithms, datasets, featurizers, selection methods or launchers, "
+                             "loaded before anything else (module names or .py paths; also $DOMAINGEN_PLUGINS and "
+                             "installed packages' "
                              "'domaingen.plugins' entry points); may stand anywhere on the command line")
     sub = parser.add_subparsers(dest="command", required=True)
     _add_train_parser(sub)
@@ -78,6 +79,13 @@ def build_parser() -> argparse.ArgumentParser:
     _add_download_parser(sub)
     inspect_cli.add_parsers(sub)
     return parser
+
+
+def _launchers():
+    """domaingen.sweep.launch, imported when the parser is built: the launcher table and its names."""
+    from domaingen.sweep import launch
+
+    return launch
 
 
 def _add_download_parser(sub: argparse._SubParsersAction) -> None:
@@ -111,7 +119,7 @@ def _add_sweep_parser(sub: argparse._SubParsersAction) -> None:
         for item in FLAG_SETTINGS:
             add_flag(a, item, for_sweep=True, help=f"{item.info.help} (default: the spec's)")
         if name == "launch":
-            a.add_argument("--launcher", default="parallel", choices=["local", "parallel", "slurm", "ray", "dry"])
+            a.add_argument("--launcher", default="parallel", choices=_launchers().launcher_names(), help=_launchers().launcher_help())
             a.add_argument("--workers", type=int, default=2, help="parallel: processes at once")
             a.add_argument("--threads", type=int, default=None, help="torch threads per job (default: cores / workers)")
             a.add_argument("--dry", action="store_true", help="print the commands only")
@@ -164,13 +172,14 @@ def _add_scale_flags(a: argparse.ArgumentParser) -> None:
 
 
 def _add_export_parser(sub: argparse._SubParsersAction) -> None:
+    from domaingen.tables.selection import selection_method_names, selection_methods_help
+
     p = sub.add_parser("export", help="a zip of the runs a sweep's tables selected: args, manifests, records, logs, "
                                       "weights, the tables and how to reload them")
     p.add_argument("--input_dir", required=True, help="the sweep directory")
     p.add_argument("--output", required=True, metavar="FILE.zip")
-    p.add_argument("--selection", nargs="+", choices=["training", "loo", "oracle", "last"], default=None,
-                   help="the methods whose selected runs to bundle (default: collect's: training and oracle, "
-                        "then loo when pair runs exist)")
+    p.add_argument("--selection", nargs="+", choices=selection_method_names(), default=None,
+                   help="the methods whose selected runs to bundle, as for collect; " + selection_methods_help())
     p.add_argument("--hparams_choice", default="per_trial", help="as for collect")
     p.add_argument("--no_weights", action="store_true", help="leave the .pt files out (records only)")
     p.add_argument("--datasets", nargs="+", metavar="DATASET", help="only these datasets' runs")
@@ -241,12 +250,14 @@ def _print_plugins() -> None:
     from domaingen.datasets import DATASETS
     from domaingen.networks import FEATURIZERS
     from domaingen.plugins import loaded_plugins
+    from domaingen.sweep.launch import LAUNCHERS
+    from domaingen.tables.selection import SELECTION_METHODS
 
     plugins = loaded_plugins()
     if not plugins:
         return
     rows = []
-    for table in (ALGORITHMS, DATASETS, FEATURIZERS):
+    for table in (ALGORITHMS, DATASETS, FEATURIZERS, SELECTION_METHODS, LAUNCHERS):
         for name, module in table.owners().items():
             if not module.endswith("(built in)"):
                 rows.append([module, table.kind, name])

@@ -14,7 +14,7 @@ from tabulate import tabulate
 
 from domaingen.errors import DomaingenError
 from domaingen.hparams import parse_overrides
-from domaingen.sweep.launch import check_options, launch
+from domaingen.sweep.launch import LAUNCHERS, check_options, launch
 from domaingen.sweep.workers import NOT_SUBMITTED, SUBMITTED, LaunchOptions
 from domaingen.plugins import PluginError, load_plugins, loaded_plugins, merge_specs, portable, recorded_plugins
 from domaingen.run.rundir import DONE_STATE, FAILED_STATE, INCOMPLETE, NOT_LAUNCHED
@@ -178,7 +178,8 @@ def _launch(spec, jobs, ns) -> int:
     launcher = "dry" if ns.dry else ns.launcher
     options = _launch_options(ns)
     check_options(launcher, options)
-    if launcher != "dry":
+    runs_jobs = LAUNCHERS.get(launcher).runs_jobs
+    if runs_jobs:
         prepare_sweep_dir(ns.output_dir, spec, force=ns.force)
     states = job_states(jobs, ns.output_dir)
     wanted = (NOT_LAUNCHED, INCOMPLETE) + ((FAILED_STATE,) if ns.retry_failed else ())
@@ -198,14 +199,14 @@ def _launch(spec, jobs, ns) -> int:
     if not todo:
         print("nothing to launch")
         return 0
-    if launcher != "dry" and not _confirm(f"launch {len(todo)} jobs with the {launcher} launcher?", ns.yes):
+    if runs_jobs and not _confirm(f"launch {len(todo)} jobs with the {launcher} launcher?", ns.yes):
         print("not launched")
         return 1
     given = {item.name: getattr(ns, item.name) for item in LAUNCH_SETTINGS if getattr(ns, item.name, None)}
     if given:  # launch arguments: job ids stay what the spec makes them
         todo = [dataclasses.replace(job, launch_args={**job.launch_args, **given}) for job in todo]
     results = launch(todo, ns.output_dir, ns.data_dir, launcher, options)
-    if launcher == "dry":
+    if not runs_jobs:
         return 0
     ended = collections.Counter(r.state for r in results)
     verb = "submitted" if options.detach else "launched"
@@ -243,8 +244,9 @@ def _methods(collection, asked: Sequence[str] | None, bundle: dict | None) -> li
         return list(asked or held)
     if asked:
         return list(asked)
-    has_pairs = (collection.records["test_envs"].map(len) == 2).any()
-    return ["training", "oracle"] + (["loo"] if has_pairs else [])
+    from domaingen.tables.selection import default_selection_methods
+
+    return default_selection_methods(has_pairs=bool((collection.records["test_envs"].map(len) == 2).any()))
 
 
 def _collection(sweep_dir: str, ns: argparse.Namespace):

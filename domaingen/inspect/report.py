@@ -40,7 +40,7 @@ from domaingen.tables.reporting import (
 )
 from domaingen.run.loggers import SYSTEM
 from domaingen.run.rundir import DONE, FAILED, RESULTS, SELECTED, read_jsonl
-from domaingen.tables.selection import METHOD_TITLES, select
+from domaingen.tables.selection import default_selection_methods, select, selection_method, selection_method_names
 
 log = logging.getLogger(__name__)
 
@@ -816,8 +816,8 @@ def build_report(sweep_dir: str | Path, output_dir: str | Path, selection: str =
     root, output = Path(sweep_dir), Path(output_dir)
     if not root.is_dir():
         raise DomaingenError(f"sweep directory {root} is not a directory")
-    if selection not in METHOD_TITLES:
-        raise DomaingenError(f"unknown selection '{selection}'; valid selections: {', '.join(METHOD_TITLES)}")
+    if selection not in selection_method_names():
+        raise DomaingenError(f"unknown selection '{selection}'; valid selections: {', '.join(selection_method_names())}")
     try:
         output.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -836,7 +836,7 @@ def build_report(sweep_dir: str | Path, output_dir: str | Path, selection: str =
         return Report(page, [], message)
     parts, figures = [_status_html(collection)], []
     records = collection.records
-    methods = [selection] + [m for m in ("training", "oracle") if m != selection]
+    methods = [selection] + [m for m in default_selection_methods(has_pairs=False) if m != selection]
     tables = build_tables(collection, methods)
     sources = ", ".join(sorted(str(s) for s in records.get("data_source", pd.Series(dtype=str)).dropna().unique())) or "unknown"
     parts.append("<h2>Tables</h2>")
@@ -845,7 +845,7 @@ def build_report(sweep_dir: str | Path, output_dir: str | Path, selection: str =
         parts.append(table_html(table, caption))
     parts.append(f"<p>{html.escape(error_note('domainbed', tables))}</p>")
     test_tables = [t for t in tables if t.key.endswith(f"/{selection}/test")]
-    parts.append(f"<h2>Test accuracy ({html.escape(METHOD_TITLES[selection])})</h2>")
+    parts.append(f"<h2>Test accuracy ({html.escape(selection_method(selection).description)})</h2>")
     bar_figures = [accuracy_bars(t, plt) for t in test_tables]
     figures += bar_figures
     parts += _figures_html(bar_figures, output, plt, keep_figures)
@@ -853,7 +853,7 @@ def build_report(sweep_dir: str | Path, output_dir: str | Path, selection: str =
     run_dirs = {run: root / run if (root / run).is_dir() else root for run in records["run"].unique()}
     overrides = {run: json.dumps(run_overrides(path), sort_keys=True) for run, path in run_dirs.items()}
     chosen = selected_runs(records, selection, overrides)
-    parts.append(f"<h2>Selected runs ({html.escape(METHOD_TITLES[selection])}; first trial of each cell "
+    parts.append(f"<h2>Selected runs ({html.escape(selection_method(selection).description)}; first trial of each cell "
                  "and each set of --hparams overrides)</h2>")
     cells = ["dataset", "algorithm", "test_env"]
     variants = chosen.groupby(cells)["overrides"].transform("nunique") if len(chosen) else []

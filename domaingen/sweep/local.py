@@ -1,16 +1,12 @@
-"""The launchers that run jobs in this process: local (one after another) and dry (print the commands)."""
+"""The local launcher: every job one after another in this process."""
 
 from __future__ import annotations
 
-from domaingen.sweep.spec import train_command
+from domaingen.sweep.launcher_registry import register_launcher
 from domaingen.sweep.workers import JobResult, available_cores, job_kwargs, progress_bar, run_job, worker_cache
 
-def launch_dry(jobs, sweep_dir, data_dir, options) -> list[JobResult]:
-    for job in jobs:
-        options.print_fn(train_command(job, sweep_dir, data_dir, options.loggers))
-    return [JobResult(job.job_id, "not launched", "dry run") for job in jobs]
 
-
+@register_launcher("local", "one job after another in this process")
 def launch_local(jobs, sweep_dir, data_dir, options) -> list[JobResult]:
     results = []
     threads = options.threads or available_cores()
@@ -20,4 +16,3 @@ def launch_local(jobs, sweep_dir, data_dir, options) -> list[JobResult]:
             results.append(run_job(job.job_id, job_kwargs(job, sweep_dir, data_dir, options.loggers), threads, cache))
             bar.update(1)
     return results
-

@@ -13,6 +13,7 @@ from concurrent.futures.process import BrokenProcessPool
 from typing import Any, Mapping, Sequence
 
 from domaingen.sweep.gpus import CUDA_VISIBLE_DEVICES, detect_gpus, worker_gpus
+from domaingen.sweep.launcher_registry import register_launcher
 from domaingen.sweep.workers import (
     JobResult,
     LaunchOptions,
@@ -174,6 +175,8 @@ def _signal_process(pid: int, signum: int) -> None:
         pass
 
 
+@register_launcher("parallel", "--workers processes on this machine (on a CUDA machine --jobs_per_gpu per GPU, "
+                               "each pinned to its GPU)")
 def launch_parallel(jobs, sweep_dir, data_dir, options) -> list[JobResult]:
     gpus = detect_gpus() if options.gpus is None else list(options.gpus)
     if gpus:

@@ -15,6 +15,7 @@ import socket
 from typing import Any, Mapping, Sequence
 
 from domaingen.errors import DomaingenError
+from domaingen.sweep.launcher_registry import register_launcher
 from domaingen.sweep.workers import JobResult, available_cores, chunks, job_kwargs, progress_bar, run_job_chunk
 
 log = logging.getLogger(__name__)
@@ -83,6 +84,12 @@ def ray_chunk(chunk: Sequence[tuple[str, Mapping[str, Any]]], threads: int | Non
     return run_job_chunk(chunk, threads, cache_mb)
 
 
+def _check_options(options: Any) -> None:
+    check_ray(options.ray_address)
+
+
+@register_launcher("ray", "each job a Ray task, on a local instance or the cluster at --ray_address",
+                   check=_check_options, jobs_per_task=True)
 def launch_ray(jobs: Sequence[Any], sweep_dir: str, data_dir: str | None, options: Any) -> list[Any]:
     """Run every job as a Ray task; returns one JobResult per job, a dead task's as failed."""
     ray = import_ray()

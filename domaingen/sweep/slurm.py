@@ -6,6 +6,7 @@ import os
 from typing import Any, Mapping, Sequence
 
 from domaingen.errors import DomaingenError
+from domaingen.sweep.launcher_registry import register_launcher
 from domaingen.sweep.workers import (
     NOT_SUBMITTED,
     SUBMITTED,
@@ -53,6 +54,8 @@ def _slurm_executor(sweep_dir: str, options: LaunchOptions) -> tuple[Any, str, s
     return executor, executor.cluster, folder, threads
 
 
+@register_launcher("slurm", "Slurm job arrays through submitit (the --slurm_* flags); --detach returns once submitted",
+                   jobs_per_task=True, detach=True)
 def launch_slurm(jobs, sweep_dir, data_dir, options) -> list[JobResult]:
     import submitit
 

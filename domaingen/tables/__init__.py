@@ -22,6 +22,10 @@ run and gives it a validation and a test accuracy:
   hyperparameters fixed (the smallest hparams_seed); the in-domain table shows
   the training environments' `in` (training) accuracy.
 
+Each method is an entry of `selection.SELECTION_METHODS`, with its caption and what
+the tables need to know (whether it validates on pair runs, whether collect shows it
+by default); a plugin adds its own with `selection.register_selection_method`.
+
 **Choosing the hyperparameters: DomainBed's protocol (the default).** Per
 dataset, algorithm, test environment *and trial*, the hparams draw whose chosen
 checkpoint has the best validation accuracy is selected; a cell is the mean

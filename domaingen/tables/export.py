@@ -43,13 +43,12 @@ from domaingen.errors import DomaingenError
 from domaingen.run.manifest import MANIFEST
 from domaingen.run.rundir import ARGS, CHECKPOINT, DONE, FINAL, LOG, RESULTS, SELECTED
 from domaingen.tables.collect import Collection, collect, expand_modes
-from domaingen.tables.selection import select, training_domain_validation
+from domaingen.tables.selection import select, selection_method, training_domain_validation
 from domaingen.tables.wilds_selection import wilds_select
 
 BUNDLE_FILE = "bundle.json"
 FORMAT = 1
 RUN_FILES = (ARGS, MANIFEST, RESULTS, FINAL, LOG, DONE)
-WEIGHT_FILES = (SELECTED, CHECKPOINT)
 RUNS = "runs"
 
 README = """# {name}: a domaingen bundle
@@ -91,8 +90,8 @@ def _base(run: str) -> str:
 def chosen_runs(collection: Collection, methods: Sequence[str], hparams_choice: str) -> dict[str, dict[str, int]]:
     """run directory -> {method: the step it chose} for every run the tables of `methods` rest on.
 
-    Leave-one-domain-out's validation reads the pair runs of the chosen draw; they come
-    with it (step -1: chosen for validation). WILDS' official-split tables add their runs.
+    A method that validates on pair runs (leave-one-domain-out) reads those of the chosen draw;
+    they come with it (step -1: chosen for validation). WILDS' official-split tables add their runs.
     """
     records = expand_modes(collection.records)
     chosen: dict[str, dict[str, int]] = {}
@@ -100,7 +99,7 @@ def chosen_runs(collection: Collection, methods: Sequence[str], hparams_choice: 
         picked = select(records, method, hparams_choice)
         for row in picked.itertuples():
             chosen.setdefault(_base(str(row.run)), {})[method] = int(row.step)
-        if method == "loo" and len(picked):
+        if selection_method(method).pairs and len(picked):
             chosen_pairs = _pair_runs(collection.records, picked, records)
             for run in chosen_pairs:
                 chosen.setdefault(run, {}).setdefault(method, -1)

@@ -2,8 +2,8 @@
 
 The CSV's columns: `dataset`, `algorithm`, `test_env` (an environment's name, else its
 index, or `Avg`), `mean` and `error` (percent, as published; `error` may be empty),
-`source` (the label the row carries). Optional: `selection` (training, loo, oracle or
-last; empty = a row of every selection's tables) and `table` (test, the default, or
+`source` (the label the row carries). Optional: `selection` (a selection method's name:
+training, loo, oracle, last or a plugin's; empty = a row of every selection's tables) and `table` (test, the default, or
 indomain).
 """
 
@@ -16,9 +16,9 @@ import pandas as pd
 
 from domaingen.datasets import DATASETS
 from domaingen.errors import DomaingenError
+from domaingen.tables.selection import selection_method_names
 
 REQUIRED = ("dataset", "algorithm", "test_env", "mean", "error", "source")
-SELECTIONS = ("training", "loo", "oracle", "last")
 KINDS = ("test", "indomain")
 AVG = "Avg"
 
@@ -72,12 +72,13 @@ def read_reference(path: str | os.PathLike) -> pd.DataFrame:
         if optional not in frame.columns:
             frame[optional] = ""
     rows = []
+    selections = selection_method_names()
     for i, row in enumerate(frame.to_dict("records")):
         where = f"reference file {path} line {i + 2}"
         if not row["source"]:
             raise DomaingenError(f"{where}: the source is empty; name where the number is published")
-        if row["selection"] not in SELECTIONS + ("",):
-            raise DomaingenError(f"{where}: selection {row['selection']!r} is not one of {', '.join(SELECTIONS)} (or empty)")
+        if row["selection"] not in selections + [""]:
+            raise DomaingenError(f"{where}: selection {row['selection']!r} is not one of {', '.join(selections)} (or empty)")
         if row["table"] not in KINDS + ("",):
             raise DomaingenError(f"{where}: table {row['table']!r} is not one of {', '.join(KINDS)} (or empty)")
         rows.append({

@@ -37,11 +37,11 @@ from domaingen.run.protocol import PROTOCOL_NOTES
 from domaingen.tables.reference import reference_rows
 from domaingen.tables.selection import (
     HPARAMS_CHOICE_TITLES,
-    METHOD_TITLES,
     check_hparams_choice,
     has_in_domain_test,
     runs_with_in_domain_test,
     select,
+    selection_method,
 )
 from domaingen.tables.wilds_selection import WILDS_PREFIX, wilds_metric_columns, wilds_select
 
@@ -230,7 +230,7 @@ def _missing_reason(collection: Collection, dataset: str, algorithm: str, env: i
     parts = [f"{counts[s]} {s}" for s in ("failed", "incomplete", "not launched") if counts.get(s)]
     if not counts.get("done"):
         return f"no done run with test env {env}" + (f" ({', '.join(parts)})" if parts else "")
-    if method == "loo":
+    if selection_method(method).pairs:
         return f"pair runs holding out {{{env}, v}} for every other v"
     return "no usable checkpoint"
 
@@ -277,7 +277,8 @@ def _selected_cells(chosen: pd.DataFrame, missing_runs: int) -> tuple[Cell, Cell
 
 def in_domain_split_label(records: pd.DataFrame, method: str) -> str:
     """Which split the in-domain numbers of `records` come from, for the table's caption."""
-    own = "training envs' in (training) splits" if method == "last" else "training envs' out splits: the selection split"
+    own = ("training envs' in (training) splits" if selection_method(method).in_domain_split == "in"
+           else "training envs' out splits: the selection split")
     if not has_in_domain_test(records):
         return own
     with_test = pd.Series(runs_with_in_domain_test(records), index=records.index)
@@ -308,6 +309,7 @@ def dataset_tables(
     """
     records = expand_modes(collection.records)
     bases = records.groupby("algorithm")["base_algorithm"].first().dropna().to_dict() if "base_algorithm" in records else {}
+    entry = selection_method(method)
     selected = select(records, method, hparams_choice)
     # one pass over the (large) frames instead of a boolean mask per cell
     by_algorithm = dict(tuple(records.groupby(["dataset", "algorithm"], sort=True)))
@@ -325,14 +327,14 @@ def dataset_tables(
         test_rows, in_rows = {}, {}
         for algorithm in sorted(a for d, a in by_algorithm if d == dataset):
             mine = by_algorithm[(dataset, algorithm)]
-            # oracle and leave-one-domain-out validate on held-out domains
-            undefined = algorithm in bases and method != "training" and _held_out_accuracy_missing(mine)
+            # a method that validates on held-out domains (oracle, leave-one-domain-out) has nothing to validate
+            undefined = algorithm in bases and entry.held_out_validation and _held_out_accuracy_missing(mine)
             test_cells, in_cells = [], []
             test_defined = False
             for env in envs:
                 chosen = by_cell.get((dataset, algorithm, env), selected.iloc[:0])
                 missing_runs = grid.missing(dataset, bases.get(algorithm, algorithm), env,
-                                             pairs=method == "loo")
+                                             pairs=entry.pairs)
                 if len(chosen):
                     test_defined |= bool(chosen["test_acc"].notna().any())
                     test_cell, in_cell = _selected_cells(chosen, missing_runs)
@@ -350,7 +352,7 @@ def dataset_tables(
             if test_defined or algorithm not in bases:
                 test_rows[algorithm] = test_cells + average
             in_rows[algorithm] = in_cells + ([_average_cell(in_cells)] if avg else [])
-        title = METHOD_TITLES[method] + _title_suffix(hparams_choice)
+        title = entry.description + _title_suffix(hparams_choice)
         source = source_label(records, dataset)
         test_tables.append(Table(f"{dataset}: test accuracy, {title}", f"{dataset}/{method}/test", columns, test_rows,
                                  data_source=source, hparams_choice=hparams_choice))
@@ -411,7 +413,7 @@ def averages_table(test_tables: Sequence[Table], method: str) -> Table | None:
         rows[algorithm] = cells + [overall if overall.values else Cell(missing="a dataset is missing")]
     sources = sorted({t.data_source for t in with_avg})
     source = sources[0] if len(sources) == 1 else "; ".join(f"{d}: {t.data_source}" for d, t in zip(datasets, with_avg))
-    title = f"Averages over datasets, {METHOD_TITLES[method]}{_title_suffix(choice)}"
+    title = f"Averages over datasets, {selection_method(method).description}{_title_suffix(choice)}"
     return Table(title, f"all/{method}/averages", columns + ["Avg"], rows, data_source=source, hparams_choice=choice)
 
 

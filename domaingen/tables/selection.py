@@ -2,9 +2,12 @@
 
 Two stages:
 
-1. A *method* (METHODS) chooses one checkpoint per run (per group of runs, for
-   leave-one-domain-out) and gives it a validation and a test accuracy: one row per
-   (dataset, algorithm, test_env, hparams_seed, trial_seed).
+1. A *method* (the SELECTION_METHODS table) chooses one checkpoint per run (per group
+   of runs, for leave-one-domain-out) and gives it a validation and a test accuracy:
+   one row per (dataset, algorithm, test_env, hparams_seed, trial_seed). A method
+   registers itself with `register_selection_method`, declaring what the tables need
+   to know about it (its caption, whether it validates on pair runs, ...); a plugin
+   adds its own the same way.
 2. `select` chooses hyperparameter draws. The default, ``per_trial``, is DomainBed's
    (``collect_results.py``): per (dataset, algorithm, test_env, trial_seed), the draw
    with the best validation accuracy; a table cell is the mean over trials of the
@@ -17,8 +20,8 @@ Ties, as DomainBed breaks them: between checkpoints of one run, the earliest ste
 wins (its argmax keeps the first maximum); between hparams draws under ``per_trial``,
 the *largest* hparams_seed wins (it sorts the draws by hparams_seed, then stably by
 validation accuracy, and reverses the list). ``pooled`` keeps the smallest
-hparams_seed on a tie. The ``last`` method validates nothing, so it always keeps the
-smallest hparams_seed (hyperparameters are fixed, not searched).
+hparams_seed on a tie. A method that searches no hyperparameters (``last``) validates
+nothing, so it always keeps the smallest hparams_seed.
 
 Validation accuracies are computed with the same floating-point operations as
 DomainBed's (numpy means over the environments in index order), so exact ties
@@ -38,13 +41,15 @@ nothing and never reports a tie.
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
 import pandas as pd
 
-from domaingen.tables.collect import n_environments
 from domaingen.errors import DomaingenError
+from domaingen.registry import Registry, owner
+from domaingen.tables.collect import n_environments
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +64,87 @@ HPARAMS_CHOICE_TITLES = {
     "per_trial": "hparams chosen per trial (DomainBed)",
     "pooled": "hparams chosen once per cell, by validation averaged over trials (pooled)",
 }
+
+
+@dataclass(frozen=True)
+class SelectionMethod:
+    """A model-selection method: its function and what the tables need to know about it.
+
+    `select` maps the records DataFrame to one row per run (per group of runs) with
+    RUN_COLUMNS, step, val_acc, test_acc and indomain_acc (run, hparams and
+    CANDIDATE_COLUMNS are filled in when absent); `description` is the caption
+    ("training-domain validation"); `pairs`: it validates on runs that hold out a pair
+    of environments, which a cell then needs; `default`: collect uses it when no
+    --selection is given (a `pairs` method only when the sweep has pair runs);
+    `held_out_validation`: it validates on the held-out domain, so a test-time mode
+    without held-out accuracy (known-domain) is undefined under it; `searches_hparams`:
+    False for a method that validates nothing, whose hyperparameters are fixed (the
+    smallest hparams_seed is kept); `in_domain_split`: the training environments' split
+    its in-domain accuracy reads, "out" (the validation split) or "in".
+    """
+
+    name: str
+    select: Callable[[pd.DataFrame], pd.DataFrame]
+    description: str
+    pairs: bool = False
+    default: bool = False
+    held_out_validation: bool = False
+    searches_hparams: bool = True
+    in_domain_split: str = "out"
+
+    @property
+    def __wrapped__(self) -> Callable[[pd.DataFrame], pd.DataFrame]:
+        # the registry names the function's module as the entry's owner
+        return self.select
+
+
+SELECTION_METHODS: Registry[SelectionMethod] = Registry("selection method")
+
+
+def register_selection_method(
+    name: str, description: str, *, pairs: bool = False, default: bool = False, held_out_validation: bool = False,
+    searches_hparams: bool = True, in_domain_split: str = "out",
+) -> Callable[[Callable[[pd.DataFrame], pd.DataFrame]], Callable[[pd.DataFrame], pd.DataFrame]]:
+    """Decorator: register the function as the selection method `name` (see SelectionMethod for the
+    arguments); the function itself is returned unchanged. A name taken already raises NameClashError."""
+    if in_domain_split not in ("out", "in"):
+        raise ValueError(f"in_domain_split is 'out' or 'in', not {in_domain_split!r}")
+
+    def decorate(fn: Callable[[pd.DataFrame], pd.DataFrame]) -> Callable[[pd.DataFrame], pd.DataFrame]:
+        SELECTION_METHODS.register(name)(SelectionMethod(
+            name, fn, description, pairs=pairs, default=default, held_out_validation=held_out_validation,
+            searches_hparams=searches_hparams, in_domain_split=in_domain_split))
+        return fn
+
+    return decorate
+
+
+def selection_method(name: str) -> SelectionMethod:
+    """The registered method `name` (any case); an unknown name raises one line listing the valid ones."""
+    return SELECTION_METHODS.get(name)
+
+
+def selection_method_names() -> list[str]:
+    """Every registered selection method's name, built-in ones first (the CLI's --selection choices)."""
+    return SELECTION_METHODS.names()
+
+
+def default_selection_methods(has_pairs: bool) -> list[str]:
+    """collect's methods when none is asked for: the default ones, then those that validate on pair
+    runs when the sweep has pair runs (training, oracle, then loo)."""
+    entries = [SELECTION_METHODS.get(name) for name in SELECTION_METHODS]
+    singles = [m.name for m in entries if m.default and not m.pairs]
+    return singles + ([m.name for m in entries if m.default and m.pairs] if has_pairs else [])
+
+
+def selection_methods_help() -> str:
+    """The --selection help text: each method and its caption, and the default (escaped for argparse)."""
+    entries = [SELECTION_METHODS.get(name) for name in SELECTION_METHODS]
+    described = "; ".join(f"{m.name}: {m.description}" + (" (needs pair runs)" if m.pairs else "") for m in entries)
+    singles = [m.name for m in entries if m.default and not m.pairs]
+    default = " and ".join(singles) + "".join(
+        f", then {m.name} when pair runs exist" for m in entries if m.default and m.pairs)
+    return f"{described}; default: {default}".replace("%", "%%")
 
 
 def _acc_matrix(records: pd.DataFrame, split: str, n_envs: int) -> np.ndarray:
@@ -154,17 +240,32 @@ def _single_candidates(frame: pd.DataFrame) -> pd.DataFrame:
     return frame.assign(candidates=frame["val_acc"].notna().astype(int), val_min=frame["val_acc"])
 
 
+def _scored(sub: pd.DataFrame, n_envs: int) -> pd.DataFrame:
+    """The single-test-environment checkpoints of one dataset with test_env, val_acc (mean `out`
+    accuracy over the training environments), indomain_acc and test_acc (the test env's `in`)."""
+    sub = _with_defaults(_single_test_env_records(sub))
+    if sub.empty:
+        return sub
+    sub["val_acc"] = _mean_over_training_envs(sub, "out", n_envs)
+    sub["indomain_acc"] = _in_domain_acc(sub, "out", n_envs)
+    sub["test_acc"] = _test_acc(sub, "in", n_envs)
+    return sub
+
+
+def scored_checkpoints(records: pd.DataFrame) -> pd.DataFrame:
+    """Every checkpoint of every run that holds out one environment, with test_env, val_acc (its
+    training-domain validation accuracy), test_acc and indomain_acc: what a selection method
+    chooses among (a plugin's method picks rows of it, one per run)."""
+    return _per_dataset(records, _scored)
+
+
+@register_selection_method("training", "training-domain validation", default=True)
 def training_domain_validation(records: pd.DataFrame) -> pd.DataFrame:
     """Per run, the checkpoint with the best mean `out` accuracy over training environments."""
 
     def one(sub: pd.DataFrame, n_envs: int) -> pd.DataFrame:
-        sub = _with_defaults(_single_test_env_records(sub))
-        if sub.empty:
-            return sub
-        sub["val_acc"] = _mean_over_training_envs(sub, "out", n_envs)
-        sub["indomain_acc"] = _in_domain_acc(sub, "out", n_envs)
-        sub["test_acc"] = _test_acc(sub, "in", n_envs)
-        return _earliest_best(sub, ["run"])[METHOD_COLUMNS]
+        sub = _scored(sub, n_envs)
+        return sub if sub.empty else _earliest_best(sub, ["run"])[METHOD_COLUMNS]
 
     return _per_dataset(records, one)
 
@@ -173,22 +274,8 @@ def _last_checkpoints(sub: pd.DataFrame) -> pd.DataFrame:
     return sub.sort_values("step", kind="stable").drop_duplicates("run", keep="last").copy()
 
 
-def oracle_test_domain_validation(records: pd.DataFrame) -> pd.DataFrame:
-    """Oracle: the last checkpoint only (no early stopping); validation is the test env's `out` accuracy."""
-
-    def one(sub: pd.DataFrame, n_envs: int) -> pd.DataFrame:
-        sub = _with_defaults(_single_test_env_records(sub))
-        if sub.empty:
-            return sub
-        last = _last_checkpoints(sub)
-        last["val_acc"] = _test_acc(last, "out", n_envs)
-        last["test_acc"] = _test_acc(last, "in", n_envs)
-        last["indomain_acc"] = _in_domain_acc(last, "out", n_envs)
-        return _single_candidates(last)[METHOD_COLUMNS]
-
-    return _per_dataset(records, one)
-
-
+@register_selection_method("loo", "leave-one-domain-out cross-validation", pairs=True, default=True,
+                           held_out_validation=True)
 def leave_one_domain_out(records: pd.DataFrame) -> pd.DataFrame:
     """Validation of v for test env t: v's `in` accuracy in the run holding out {t, v}, averaged over v.
 
@@ -247,6 +334,25 @@ def _held_out_at_every_checkpoint(singles: pd.DataFrame) -> pd.DataFrame:
     return singles[~partial]
 
 
+@register_selection_method("oracle", "test-domain validation (oracle)", default=True, held_out_validation=True)
+def oracle_test_domain_validation(records: pd.DataFrame) -> pd.DataFrame:
+    """Oracle: the last checkpoint only (no early stopping); validation is the test env's `out` accuracy."""
+
+    def one(sub: pd.DataFrame, n_envs: int) -> pd.DataFrame:
+        sub = _with_defaults(_single_test_env_records(sub))
+        if sub.empty:
+            return sub
+        last = _last_checkpoints(sub)
+        last["val_acc"] = _test_acc(last, "out", n_envs)
+        last["test_acc"] = _test_acc(last, "in", n_envs)
+        last["indomain_acc"] = _in_domain_acc(last, "out", n_envs)
+        return _single_candidates(last)[METHOD_COLUMNS]
+
+    return _per_dataset(records, one)
+
+
+@register_selection_method("last", "no selection: final checkpoint, fixed hyperparameters", searches_hparams=False,
+                           in_domain_split="in")
 def final_checkpoint(records: pd.DataFrame) -> pd.DataFrame:
     """No model selection (the IRM paper's protocol): every run's last checkpoint.
 
@@ -267,20 +373,6 @@ def final_checkpoint(records: pd.DataFrame) -> pd.DataFrame:
         return last.assign(candidates=0, val_min=last["val_acc"])[METHOD_COLUMNS]
 
     return _per_dataset(records, one)
-
-
-METHODS: dict[str, Callable[[pd.DataFrame], pd.DataFrame]] = {
-    "training": training_domain_validation,
-    "loo": leave_one_domain_out,
-    "oracle": oracle_test_domain_validation,
-    "last": final_checkpoint,
-}
-METHOD_TITLES = {
-    "training": "training-domain validation",
-    "loo": "leave-one-domain-out cross-validation",
-    "oracle": "test-domain validation (oracle)",
-    "last": "no selection: final checkpoint, fixed hyperparameters",
-}
 
 
 def check_hparams_choice(hparams_choice: str) -> None:
@@ -317,6 +409,21 @@ def _ties(per_run: pd.DataFrame) -> pd.DataFrame:
     return grouped[trial + ["tied"]]
 
 
+def _as_method_frame(entry: SelectionMethod, frame: pd.DataFrame) -> pd.DataFrame:
+    """A method's output with METHOD_COLUMNS: a method that leaves out run and hparams, or the
+    candidate columns, kept one checkpoint per run (a plugin's method, typically)."""
+    if frame.empty:
+        return pd.DataFrame(columns=METHOD_COLUMNS)
+    missing = [c for c in RUN_COLUMNS + ["step", "val_acc", "test_acc", "indomain_acc"] if c not in frame.columns]
+    if missing:
+        raise DomaingenError(f"selection method '{entry.name}' ({owner(entry)}) returned no column {', '.join(missing)}; "
+                             "it returns one row per run with those (see selection.scored_checkpoints)")
+    frame = _with_defaults(frame)
+    if not all(c in frame.columns for c in CANDIDATE_COLUMNS):
+        frame = _single_candidates(frame)
+    return frame[METHOD_COLUMNS]
+
+
 def select(records: pd.DataFrame, method: str, hparams_choice: str = "per_trial") -> pd.DataFrame:
     """The selected checkpoint per (dataset, algorithm, test_env, trial_seed), in that order.
 
@@ -326,7 +433,8 @@ def select(records: pd.DataFrame, method: str, hparams_choice: str = "per_trial"
     "per_trial" (DomainBed's rule, the default) or "pooled"; see the module docstring.
     """
     check_hparams_choice(hparams_choice)
-    per_run = METHODS[method](records)
+    entry = SELECTION_METHODS.get(method)
+    per_run = _as_method_frame(entry, entry.select(records))
     # a checkpoint without a validation accuracy (a test-time mode undefined on the validation
     # split, e.g. known-domain on the test env under oracle selection) cannot be selected
     per_run = per_run[per_run["val_acc"].notna()]
@@ -336,7 +444,7 @@ def select(records: pd.DataFrame, method: str, hparams_choice: str = "per_trial"
     if hparams_choice == "pooled":
         chosen = _pooled(per_run)
     else:
-        chosen = _per_trial(per_run, smallest_seed_wins=method == "last")
+        chosen = _per_trial(per_run, smallest_seed_wins=not entry.searches_hparams)
     chosen = chosen.merge(_ties(per_run), on=["dataset", "algorithm", "test_env", "trial_seed"], how="left")
     order = ["dataset", "algorithm", "test_env", "trial_seed", "hparams_seed"]
     return chosen.sort_values(order, kind="stable").reset_index(drop=True)[SELECTED_COLUMNS]

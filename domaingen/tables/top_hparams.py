@@ -17,7 +17,7 @@ from tabulate import tabulate
 
 from domaingen.tables.collect import Collection, expand_modes, n_environments
 from domaingen.tables.reporting import environment_names
-from domaingen.tables.selection import HPARAMS_CHOICE_TITLES, METHOD_TITLES, select
+from domaingen.tables.selection import HPARAMS_CHOICE_TITLES, select, selection_method
 
 COLUMNS = ["selection", "hparams_choice", "dataset", "algorithm", "test_env", "trial_seed", "hparams_seed", "step",
            "val_acc", "test_acc", "run", "hparams"]
@@ -64,7 +64,7 @@ def top_hparams_markdown(collection: Collection, methods: Sequence[str], hparams
     for method in methods:
         mine = frame[frame["selection"] == method]
         suffix = "" if hparams_choice == "per_trial" else f", {HPARAMS_CHOICE_TITLES[hparams_choice]}"
-        out.write(f"## Selected runs, {METHOD_TITLES[method]}{suffix}\n\n")
+        out.write(f"## Selected runs, {selection_method(method).description}{suffix}\n\n")
         if mine.empty:
             out.write("No run could be selected.\n\n")
             continue
