@@ -217,7 +217,6 @@ def _launch_parallel_gpus(jobs, sweep_dir, data_dir, options, gpus: Sequence[str
     slots = context.Queue()
     for gpu in assignment:
         slots.put(gpu)
-    results = []
     with ProcessPoolExecutor(workers, mp_context=context, initializer=_pin_worker,
                              initargs=(slots, threads, options.dataset_cache_mb)) as pool:
         futures = [pool.submit(_run_pinned, job.job_id, job_kwargs(job, sweep_dir, data_dir, options.loggers), threads) for job in jobs]
