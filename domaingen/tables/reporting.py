@@ -45,7 +45,6 @@ from domaingen.tables.selection import (
 )
 from domaingen.tables.wilds_selection import WILDS_PREFIX, wilds_metric_columns, wilds_select
 
-ERRORS = ("domainbed", "se", "std")
 ERROR_TITLES = {
     "domainbed": "± = DomainBed's error bar over the n trials of a cell, std(x / sqrt(n)) with ddof 0 "
                  "(the sample standard error times sqrt((n - 1) / n))",

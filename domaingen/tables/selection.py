@@ -12,7 +12,7 @@ Two stages:
    (``collect_results.py``): per (dataset, algorithm, test_env, trial_seed), the draw
    with the best validation accuracy; a table cell is the mean over trials of the
    chosen draws' test accuracies, so every trial replicates the whole search and its
-   spread includes the selection noise. ``pooled`` (this package's earlier rule) picks
+   spread includes the selection noise. ``pooled`` picks
    one draw per (dataset, algorithm, test_env) by validation accuracy averaged over
    trials and reports that draw's trials.
 
