@@ -13,6 +13,7 @@ from typing import Iterator, NoReturn, Sequence
 from tabulate import tabulate
 
 from domaingen.cli import collect_commands as collect_cli
+from domaingen.cli import domainbed_flags
 from domaingen.cli import inspect_commands as inspect_cli
 from domaingen.errors import DomaingenError
 
@@ -343,6 +344,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     specs, argv = preparse_plugins(argv) if "--plugins" in " ".join(argv) else ([], argv)
     try:
         load_plugins(specs)
+        argv = domainbed_flags.translate(argv)
     except DomaingenError as exc:
         print(f"domaingen: error: {exc}", file=sys.stderr)
         return 2

@@ -1,0 +1,66 @@
+"""DomainBed's flags on domaingen's commands: aliases mean the same, the rest are one line naming what to do."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from domaingen.cli.domainbed_flags import translate
+from domaingen.cli.main import main
+
+FIXTURE = Path(__file__).parent / "fixtures" / "release_0_2_0"
+
+
+def cli(capsys, *argv: str) -> tuple[int, str, str]:
+    code = main(["-q", *argv])
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+@pytest.mark.parametrize("argv, expected", [
+    (["sweep", "launch", "--skip_confirmation", "--command_launcher", "multi_gpu", "--output_dir", "o"],
+     ["sweep", "launch", "--yes", "--launcher", "parallel", "--output_dir", "o"]),
+    (["sweep", "launch", "--command_launcher=dummy", "--single_test_envs"],
+     ["sweep", "launch", "--launcher", "dry", "--no-pairs"]),
+    (["sweep", "delete_incomplete", "--skip_confirmation"], ["sweep", "delete-incomplete", "--yes"]),
+    (["-q", "collect", "--input_dir", "d", "--latex"], ["-q", "collect", "--input_dir", "d", "--format", "latex"]),
+    (["train", "--task", "domain_generalization", "--steps", "3"], ["train", "--steps", "3"]),
+    (["train", "--latex"], ["train", "--latex"]),  # not a train flag in DomainBed either: argparse refuses it
+])
+def test_domainbed_flags_become_domaingens(argv, expected):
+    assert translate(argv) == expected
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["sweep", "launch", "--n_hparams_from", "5"], "--n_hparams_from has no equivalent: a sweep runs hparams_seed 0 "
+                                                   "to n_hparams - 1, and relaunching it with a larger --n_hparams "
+                                                   "runs only the new draws"),
+    (["sweep", "launch", "--seed", "3"], "sweep launch takes no --seed (DomainBed's sweep ignores it too)"),
+    (["sweep", "launch", "--command_launcher", "slurm"], "--command_launcher slurm: DomainBed's launchers are local, "
+                                                         "multi_gpu, dummy; use --launcher"),
+    (["train", "--task", "domain_adaptation"], "--task domain_adaptation: domaingen runs domain generalization only"),
+    (["train", "--uda_holdout_fraction", "0.1"], "--uda_holdout_fraction has no equivalent"),
+    (["train", "--skip_model_save"], "--skip_model_save has no equivalent: a run keeps checkpoint.pt"),
+    (["train", "--save_model_every_checkpoint"], "--save_model_every_checkpoint has no equivalent"),
+    (["collect", "--input_dir", "d", "--auto_lr"], "--auto_lr has no equivalent: register the selection method"),
+])
+def test_domainbed_flags_without_an_equivalent_are_one_line_and_exit_2(capsys, argv, message):
+    code, _, err = cli(capsys, *argv)
+    assert code == 2 and err.startswith(f"domaingen: error: {message}") and len(err.splitlines()) == 1
+
+
+def test_collect_latex_is_collect_format_latex(tmp_path, capsys):
+    sweep = shutil.copytree(FIXTURE / "sweep", tmp_path / "sweep")
+    code, text, _ = cli(capsys, "collect", "--input_dir", str(sweep), "--latex")
+    assert code == 0 and text == (FIXTURE / "tables.tex").read_text()
+
+
+def test_a_domainbed_style_sweep_command_launches_and_deletes(tmp_path, capsys):
+    sweep = shutil.copytree(FIXTURE / "sweep", tmp_path / "sweep")
+    code, out, _ = cli(capsys, "sweep", "launch", "--spec", str(FIXTURE / "sweep.toml"), "--output_dir", str(sweep),
+                       "--data_dir", "embedded", "--command_launcher", "local", "--skip_confirmation")
+    assert code == 0 and "48 jobs: 48 done" in out and "nothing to launch" in out
+    code, out, _ = cli(capsys, "sweep", "delete_incomplete", "--output_dir", str(sweep), "--skip_confirmation")
+    assert code == 0 and "deleted 0 incomplete or failed job directories" in out
