@@ -5,4 +5,4 @@ out, sweep random hyperparameters, select models without peeking at the
 held-out domain, and report leave-one-domain-out accuracy tables.
 """
 
-__version__ = "0.2.0"
+__version__ = "0.3.0"
