@@ -364,7 +364,9 @@ def test_status_reads_the_recorded_spec(tmp_path, capsys):
     code, status, _ = cli(capsys, "sweep", "status", "--output_dir", str(out))
     assert code == 0 and "12 jobs" in status and "12 done" in status
     code, _, err = cli(capsys, "sweep", "status", "--output_dir", str(tmp_path / "nothing"))
-    assert code == 2 and "give --spec FILE" in err
+    assert code == 2 and err.strip() == (f"domaingen: error: {tmp_path / 'nothing'} holds no sweep (no such directory): "
+                                         "give the directory a sweep was launched into, or --spec FILE to count "
+                                         "that spec's jobs there")
 
 
 def test_slurm_jobs_requeue_themselves_with_the_same_arguments():

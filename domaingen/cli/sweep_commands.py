@@ -23,6 +23,7 @@ from domaingen.sweep.slurm_jobs import ACTIVE_STATES, active_jobs, describe, rea
 from domaingen.run.settings import namespace_value
 from domaingen.run.training import REQUEUE_EXIT_STATUS
 from domaingen.sweep.spec import (
+    SPEC_FILE,
     SPEC_SETTINGS,
     STATES,
     SpecError,
@@ -77,6 +78,8 @@ def spec_from_args(ns: argparse.Namespace):
 
 
 def run(ns: argparse.Namespace) -> int:
+    if ns.action != "launch":
+        _check_holds_sweep(ns)
     spec = spec_from_args(ns)
     jobs = build_jobs(spec)
     if ns.action == "status":
@@ -84,6 +87,18 @@ def run(ns: argparse.Namespace) -> int:
     if ns.action == "delete-incomplete":
         return _delete(jobs, ns)
     return _launch(spec, jobs, ns)
+
+
+def _check_holds_sweep(ns: argparse.Namespace) -> None:
+    """status and delete-incomplete: refuse an output_dir that does not exist, or, without a spec, one that
+    no sweep was launched into."""
+    exists = Path(ns.output_dir).exists()
+    if exists and (ns.spec or ns.algorithms is not None or ns.datasets is not None
+                   or read_recorded_spec(ns.output_dir)):
+        return
+    where = "no such directory" if not exists else f"no {SPEC_FILE} there"
+    raise DomaingenError(f"{ns.output_dir} holds no sweep ({where}): give the directory a sweep was launched "
+                         f"into, or --spec FILE to count that spec's jobs there")
 
 
 def _status(jobs, sweep_dir: str) -> int:
