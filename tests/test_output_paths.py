@@ -110,3 +110,37 @@ def test_an_os_error_the_checks_did_not_foresee_is_one_line(tmp_path, capsys, mo
     monkeypatch.setitem(COMMANDS_RUN, "list", full)
     assert main(["list"]) == 2
     assert capsys.readouterr().err.strip() == f"domaingen: error: {tmp_path / 'x'}: {os.strerror(28)}"
+
+
+@pytest.mark.fast
+def test_a_sweep_whose_data_directory_is_missing_stops_before_launching(tmp_path, capsys, monkeypatch):
+    monkeypatch.delenv("DOMAINGEN_DATA", raising=False)
+    spec, out, missing = tmp_path / "s.toml", tmp_path / "sweep", tmp_path / "nowhere"
+    spec.write_text(SPEC)
+    code = main(["sweep", "launch", "--spec", str(spec), "--output_dir", str(out), "--data_dir", str(missing),
+                 "--yes", "--launcher", "local"])
+    captured = capsys.readouterr()
+    assert code == 2 and captured.err.strip() == (
+        f"domaingen: error: data directory {missing} (--data_dir) does not exist and ColoredMNIST needs it: give "
+        "--data_dir or $DOMAINGEN_DATA the directory holding the data (`domaingen download` fills one), or, for "
+        "MNIST datasets, --data_dir embedded")
+    assert not out.exists() and not missing.exists()
+    monkeypatch.chdir(tmp_path)  # no ./data here: the default is named as such
+    assert main(["sweep", "launch", "--spec", str(spec), "--output_dir", str(out), "--yes"]) == 2
+    assert "data directory ./data (the default) does not exist" in capsys.readouterr().err
+
+
+def test_a_dataset_built_in_memory_needs_no_data_directory(tmp_path):
+    from domaingen.datasets import check_data_dir
+
+    check_data_dir(str(tmp_path / "nowhere"), ["FeatureContamination"])  # returns: it reads no files
+    check_data_dir("embedded", ["ColoredMNIST"])
+    check_data_dir(str(tmp_path), ["ColoredMNIST"])
+
+
+@pytest.mark.fast
+def test_status_of_a_directory_holding_no_sweep_says_so(tmp_path, capsys):
+    code = main(["sweep", "status", "--output_dir", str(tmp_path)])
+    assert code == 2 and capsys.readouterr().err.strip() == (
+        f"domaingen: error: {tmp_path} holds no sweep (no sweep.json there): give the directory a sweep was "
+        "launched into, or --spec FILE to count that spec's jobs there")

@@ -193,9 +193,13 @@ def _launch(spec, jobs, ns) -> int:
     launcher = "dry" if ns.dry else ns.launcher
     options = _launch_options(ns)
     check_options(launcher, options)
+    states = job_states(jobs, ns.output_dir)
+    if launcher != "dry" and not (launcher == "ray" and ns.ray_address):  # a Ray cluster has its own disks
+        from domaingen.datasets import check_data_dir
+
+        check_data_dir(ns.data_dir, sorted({job.args["dataset"] for job in jobs if states[job.job_id] != DONE_STATE}))
     if launcher != "dry":
         prepare_sweep_dir(ns.output_dir, spec, force=ns.force)
-    states = job_states(jobs, ns.output_dir)
     wanted = (NOT_LAUNCHED, INCOMPLETE) + ((FAILED_STATE,) if ns.retry_failed else ())
     todo = [job for job in jobs if states[job.job_id] in wanted]
     counts = collections.Counter(states.values())
