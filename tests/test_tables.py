@@ -78,6 +78,7 @@ def sweep(tmp_path) -> Path:
 # ---- data source --------------------------------------------------------------------------------
 
 
+@pytest.mark.fast
 def test_captions_name_the_data_source(sweep):
     collection = collect(sweep)
     tables = build_tables(collection, ["training"])
