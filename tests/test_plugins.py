@@ -199,6 +199,7 @@ def test_a_name_clash_between_two_plugins_names_both(make_plugin, capsys):
 
 # --- the CLI: every command sees them, runs record them ---------------------------------------------
 
+@pytest.mark.fast
 def test_list_and_train_see_a_plugin_anywhere_on_the_line(make_plugin, tmp_path, capsys):
     algorithm_plugin(make_plugin, "cli_algs", "CliAlg")
     code, out, _ = run_cli(capsys, "--plugins", "cli_algs", "list")

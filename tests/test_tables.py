@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 import math
@@ -77,13 +78,18 @@ def sweep(tmp_path) -> Path:
 # ---- data source --------------------------------------------------------------------------------
 
 
+@pytest.mark.fast
 def test_captions_name_the_data_source(sweep):
     collection = collect(sweep)
     tables = build_tables(collection, ["training"])
     md = to_markdown(tables, collection)
     assert "### ColoredMNIST: test accuracy, training-domain validation (data: MNIST-70000; protocol: paired)" in md
-    tex = to_latex(tables, collection)
+    tex = to_latex(tables, collection)  # a short caption; the document's note names the source once
+    assert r"\caption{ColoredMNIST: test accuracy, training-domain validation}" in tex
+    assert tex.count("Data: MNIST-70000; protocol: paired.") == 1
+    tex = to_latex(tables, collection, long_captions=True)
     assert r"\caption{ColoredMNIST: test accuracy, training-domain validation (data: MNIST-70000; protocol: paired)}" in tex
+    assert "Data: MNIST-70000" not in tex
     csv = pd.read_csv(io.StringIO(to_csv(tables)))
     assert set(csv["data_source"]) == {"MNIST-70000"}
 
@@ -259,7 +265,10 @@ def test_bare_latex_names_its_packages_and_picks_the_float_by_width(sweep):
     assert r"\documentclass" not in bare and r"\resizebox{\linewidth}" not in bare
     narrow = latex_table(tables[0])  # ColoredMNIST: one column
     assert narrow.startswith(r"\begin{table}[ht]") and narrow.rstrip().endswith(r"\end{table}")
-    wide = latex_table(tables[1])  # RotatedMNIST: 3 environments + Avg, each "missing [k]" or a number
+    # RotatedMNIST: 3 environments + Avg, each "missing [k]" or a number: a column holds it at 80% of its size
+    assert latex_table(tables[1]).startswith(r"\begin{table}[ht]")
+    long_names = dataclasses.replace(tables[1], rows={f"{k} with a long name": v for k, v in tables[1].rows.items()})
+    wide = latex_table(long_names)  # 12 more characters: over 300 pt, more than a column at 80%
     assert wide.startswith(r"\begin{table*}[t]") and wide.rstrip().endswith(r"\end{table*}")
     assert r"\resizebox{\ifdim\width>\linewidth\linewidth\else\width\fi}{!}{%" in narrow
 
@@ -381,3 +390,77 @@ def test_missing_cells_and_caveats_are_numbered_under_the_table():
     assert r"VREx & 25.0 [5] & 50.0 & \textit{missing} \\" in latex
     assert "\\par\n".join(notes) in latex  # in the note under the table, which a paper keeps with it
     assert "missing: " not in markdown + latex
+
+
+# ---- LaTeX that drops into a paper: best cells, one note per document, short captions ---------------
+
+
+def _ranked_table(kind: str = "test") -> Table:
+    """A column whose printed cells are A 80.0 ± 1.4, B 78.5, C 79.0, D 70.0 (± DomainBed's: |x - y| / 2 /
+    sqrt(2) for two trials), and an Avg column A 60.0, B 61.0, C 61.0, D 59.0 (no ±)."""
+    def avg(x: float) -> Cell:
+        return Cell(values=[x], error_bar=False)
+
+    return Table("T", f"RotatedMNIST/training/{kind}", ["0", "Avg"], {
+        "A": [Cell(values=[.78, .82]), avg(.60)],
+        "B": [Cell(values=[.785, .785]), avg(.61)],
+        "C": [Cell(values=[.79, .79]), avg(.61)],
+        "D": [Cell(values=[.70, .70]), avg(.59)],
+        "E": [Cell(missing="no done run"), Cell(missing="1 environment(s) missing")],
+    })
+
+
+@pytest.mark.fast
+def test_the_best_cell_of_each_column_is_bold_and_the_second_underlined():
+    from domaingen.tables.reporting import BEST, SECOND, column_ranks
+
+    # column 0: A is best; C (1.0 below) is within A's 1.4, so tied with it; B (1.5 below) is not:
+    # B is best of the rest, D (8.5 below B) is not tied with it. Avg: B and C equal, A next, D last.
+    assert column_ranks(_ranked_table()) == {("A", 0): BEST, ("C", 0): BEST, ("B", 0): SECOND,
+                                             ("B", 1): BEST, ("C", 1): BEST, ("A", 1): SECOND}
+    latex = latex_table(_ranked_table())
+    assert r"A & \textbf{80.0 $\pm$ 1.4} & \underline{60.0} \\" in latex
+    assert r"B & \underline{78.5 $\pm$ 0.0} & \textbf{61.0} \\" in latex
+    assert r"D & 70.0 $\pm$ 0.0 & 59.0 \\" in latex
+    assert "Bold: the best cell of each column" in latex  # the rule, in the note under a table alone
+    # differences of paired runs are not ranked; two cells get a bold one and no underline
+    assert column_ranks(_ranked_table("paired")) == {}
+    two = dataclasses.replace(_ranked_table(), rows={k: v for k, v in _ranked_table().rows.items() if k in "BD"})
+    assert column_ranks(two) == {("B", 0): BEST, ("B", 1): BEST}
+
+
+@pytest.mark.fast
+def test_a_latex_document_says_its_notes_once_under_the_first_table(sweep):
+    for trial, acc in enumerate([.30, .40]):  # a second algorithm: cells to rank
+        write_run(sweep, "ColoredMNIST", "IRM", [2], trial, [.7, .7, acc], [.8, .6, .5])
+    collection = collect(sweep)
+    tables = build_tables(collection, ["training", "oracle"])
+    tex = to_latex(tables, collection)
+    floats = re.findall(r"\\begin\{table\*?\}.*?\\end\{table\*?\}", tex, re.S)
+    assert len(floats) == len(tables) > 2
+    for text in ("DomainBed's error bar", "Bold: the best cell", r"$^\dagger$ in at least one trial",
+                 "Data: MNIST-70000; protocol: paired."):
+        assert tex.count(text) == 1 and text in floats[0]
+    captions = re.findall(r"\\caption\{([^}]*)\}", tex)
+    assert captions[0] == "ColoredMNIST: test accuracy, training-domain validation"
+    assert r"IRM & \textbf{35.0 $\pm$ 3.5}$^\dagger$ \\" in floats[0] and r"ERM & 11.0 $\pm$ 0.7$^\dagger$ \\" in floats[0]
+    assert all("data:" not in c for c in captions)
+    # a missing cell's note stays under its own table
+    rotated = [f for f in floats if "RotatedMNIST: test accuracy, training" in f][0]
+    assert "no done run with test env 3 (1 failed)" in rotated and "error bar" not in rotated
+
+
+@pytest.mark.fast
+def test_a_table_built_from_fewer_records_says_how_many_were_skipped_and_where(tmp_path, caplog):
+    root = tmp_path / "s"
+    run = write_run(root, "ColoredMNIST", "ERM", [2], 0, [.7, .7, .1], [.5] * 3)
+    good = (run / RESULTS).read_text()
+    (run / RESULTS).write_text(good + '{"step": 1, "trunc\n' + good.replace('"step": 0', '"step": 2') + "[1]\n")
+    collection = collect(root)
+    assert len(collection.records) == 2
+    line = (f"Built from fewer records than the runs hold: 2 skipped ({run.name}/results.jsonl: unreadable "
+            "lines 2, 4).")
+    tables = build_tables(collection, ["training"])
+    assert line in to_markdown(tables, collection).splitlines()
+    assert f"% {line}" in to_latex(tables, collection).splitlines()
+    assert f"% {line}" in to_latex(tables, collection, bare=True).splitlines()

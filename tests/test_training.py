@@ -56,6 +56,7 @@ def test_records_follow_the_protocol(tmp_path):
     assert "step 8" in (tmp_path / "run" / "log.txt").read_text()
 
 
+@pytest.mark.fast
 def test_recorded_accuracy_equals_direct_computation(tmp_path):
     cfg = config(tmp_path / "run", algorithm="ERM")
     train(cfg)

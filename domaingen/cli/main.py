@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
 import logging
 import signal
 import sys
@@ -292,6 +293,36 @@ COMMANDS = {"train": cmd_train, "list": cmd_list, "sweep": cmd_sweep, "collect":
             "download": cmd_download}
 COMMANDS.update(inspect_cli.COMMANDS)
 
+# the paths each command writes to (or, for status and delete-incomplete, reads a sweep from),
+# checked before it starts: (command, or "sweep ACTION"), attribute, flag, kind
+OUTPUT_PATHS = (
+    ("train", "output_dir", "--output_dir", "dir"),
+    ("sweep launch", "output_dir", "--output_dir", "dir"),
+    ("sweep status", "output_dir", "--output_dir", "sweep"),
+    ("sweep delete-incomplete", "output_dir", "--output_dir", "sweep"),
+    ("collect", "output", "--output", "file"),
+    ("export", "output", "--output", "file"),
+    ("report", "output", "--output", "dir"),
+    ("diagnose", "output", "--output", "file"),
+    ("download", "data_dir", "--data_dir", "dir"),
+)
+# what an OSError the checks could not foresee (a disk filling up, a path changed meanwhile) means to a user
+PATH_ERRNOS = {errno.EACCES, errno.EPERM, errno.ENOTDIR, errno.EISDIR, errno.EEXIST, errno.EROFS, errno.ENOSPC,
+               errno.ENOENT, errno.EDQUOT}
+
+
+def check_paths(ns: argparse.Namespace) -> None:
+    """Refuse, in one line, an output path that is a file where a directory goes (or the reverse), lies under
+    a file, or cannot be written; before the command does any work."""
+    from domaingen.cli.paths import check_output_dir, check_output_file, check_sweep_dir
+
+    checks = {"dir": check_output_dir, "file": check_output_file, "sweep": check_sweep_dir}
+    command = ns.command if ns.command != "sweep" else f"sweep {ns.action}"
+    for name, attribute, flag, kind in OUTPUT_PATHS:
+        value = getattr(ns, attribute, None)
+        if name == command and value is not None:
+            checks[kind](value, flag)
+
 
 def preparse_plugins(argv: Sequence[str]) -> tuple[list[str], list[str]]:
     """(plugin specs of every --plugins, the other arguments): --plugins may stand anywhere, and is
@@ -361,6 +392,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     try:
         with sigterm_interrupts():
+            check_paths(ns)
             return COMMANDS[ns.command](ns)
     except DomaingenError as exc:
         print(f"domaingen: error: {exc}", file=sys.stderr)
@@ -371,3 +403,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:  # e.g. `domaingen sweep launch --dry | head`
         sys.stderr.close()
         return 0
+    except OSError as exc:
+        if exc.errno not in PATH_ERRNOS or exc.filename is None:
+            raise
+        print(f"domaingen: error: {exc.filename}: {exc.strerror}", file=sys.stderr)
+        return 2

@@ -24,6 +24,7 @@ from domaingen.run.settings import namespace_value
 from domaingen.run.training import LAUNCH_SETTINGS, REQUEUE_EXIT_STATUS
 from domaingen.sweep.spec import (
     FLAG_SETTINGS,
+    SPEC_FILE,
     STATES,
     SpecError,
     build_jobs,
@@ -77,6 +78,8 @@ def spec_from_args(ns: argparse.Namespace):
 
 
 def run(ns: argparse.Namespace) -> int:
+    if ns.action != "launch":
+        _check_holds_sweep(ns)
     spec = spec_from_args(ns)
     jobs = build_jobs(spec)
     if ns.action == "status":
@@ -84,6 +87,18 @@ def run(ns: argparse.Namespace) -> int:
     if ns.action == "delete-incomplete":
         return _delete(jobs, ns)
     return _launch(spec, jobs, ns)
+
+
+def _check_holds_sweep(ns: argparse.Namespace) -> None:
+    """status and delete-incomplete: refuse an output_dir that does not exist, or, without a spec, one that
+    no sweep was launched into."""
+    exists = Path(ns.output_dir).exists()
+    if exists and (ns.spec or ns.algorithms is not None or ns.datasets is not None
+                   or read_recorded_spec(ns.output_dir)):
+        return
+    where = "no such directory" if not exists else f"no {SPEC_FILE} there"
+    raise DomaingenError(f"{ns.output_dir} holds no sweep ({where}): give the directory a sweep was launched "
+                         f"into, or --spec FILE to count that spec's jobs there")
 
 
 def _status(jobs, sweep_dir: str) -> int:
@@ -178,10 +193,15 @@ def _launch(spec, jobs, ns) -> int:
     launcher = "dry" if ns.dry else ns.launcher
     options = _launch_options(ns)
     check_options(launcher, options)
-    runs_jobs = LAUNCHERS.get(launcher).runs_jobs
+    entry = LAUNCHERS.get(launcher)
+    runs_jobs = entry.runs_jobs
+    states = job_states(jobs, ns.output_dir)
+    if runs_jobs and not (entry.remote and entry.remote(options)):  # jobs elsewhere read their own disks
+        from domaingen.datasets import check_data_dir
+
+        check_data_dir(ns.data_dir, sorted({job.args["dataset"] for job in jobs if states[job.job_id] != DONE_STATE}))
     if runs_jobs:
         prepare_sweep_dir(ns.output_dir, spec, force=ns.force)
-    states = job_states(jobs, ns.output_dir)
     wanted = (NOT_LAUNCHED, INCOMPLETE) + ((FAILED_STATE,) if ns.retry_failed else ())
     todo = [job for job in jobs if states[job.job_id] in wanted]
     counts = collections.Counter(states.values())

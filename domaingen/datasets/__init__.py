@@ -145,7 +145,8 @@ exactly the batches an uninterrupted run would draw (the checkpoint stores how
 many batches were consumed).
 """
 
-from domaingen.datasets.base import DATASETS, EMBEDDED, Environment, MultiDomainDataset, resolve_data_dir
+from domaingen.datasets.base import (DATASETS, EMBEDDED, Environment, MultiDomainDataset, check_data_dir,
+                                     resolve_data_dir)
 from domaingen.datasets import mnist  # noqa: F401  (registers ColoredMNIST, RotatedMNIST)
 from domaingen.datasets import images  # noqa: F401  (registers PACS, DomainNet, OfficeHome, VLCS, TerraIncognita)
 from domaingen.datasets.images import ImageFolderDataset
@@ -170,5 +171,6 @@ __all__ = [
     "check_in_domain_test",
     "in_domain_test_splits",
     "resolve_data_dir",
+    "check_data_dir",
     "split_environments",
 ]

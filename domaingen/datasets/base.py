@@ -49,6 +49,8 @@ class MultiDomainDataset:
     # dataset as DomainBed's run with this seed would. MNIST datasets draw their environments from it;
     # image datasets evaluate training environments through the training augmentation.
     DOMAINBED_SEED: ClassVar[int | None] = None
+    # False for a dataset built in memory, which never reads data_dir
+    READS_DATA_DIR: ClassVar[bool] = True
 
     def __init__(self, data_dir: str, test_envs: Sequence[int], hparams: Mapping[str, Any]) -> None:
         self.data_dir = data_dir
@@ -167,6 +169,20 @@ class MultiDomainDataset:
             raise DomaingenError(
                 f"holding out {len(test_envs)} of {n} environments of {cls.__name__} leaves none to train on"
             )
+
+
+def check_data_dir(data_dir: str | os.PathLike | None, datasets: Sequence[str], flag: str = "--data_dir") -> None:
+    """Refuse, in one line, a data directory that does not exist when one of `datasets` reads it."""
+    readers = [name for name in datasets if DATASETS.get(name).READS_DATA_DIR]
+    resolved = resolve_data_dir(data_dir)
+    if not readers or resolved == EMBEDDED or Path(resolved).expanduser().is_dir():
+        return
+    origin = flag if data_dir else ("$DOMAINGEN_DATA" if os.environ.get("DOMAINGEN_DATA") else "the default")
+    raise DomaingenError(
+        f"data directory {resolved} ({origin}) does not exist and {', '.join(readers)} "
+        f"need{'s' if len(readers) == 1 else ''} it: give {flag} "
+        f"or $DOMAINGEN_DATA the directory holding the data (`domaingen download` fills one), or, for MNIST "
+        f"datasets, {flag} embedded")
 
 
 def data_path(data_dir: str, *parts: str) -> Path:

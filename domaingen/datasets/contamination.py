@@ -106,6 +106,7 @@ class FeatureContaminationBase(MultiDomainDataset):
     N_PER_ENV: ClassVar[int] = 1000
     N_PROBE: ClassVar[int] = 1000
     DATA_SEED: ClassVar[int] = 0
+    READS_DATA_DIR = False
     NUM_CLASSES = 2
     N_STEPS = 2001
     CHECKPOINT_FREQ = 100

@@ -78,8 +78,9 @@ def to_json(obj: Any) -> str:
     return json.dumps(clean(obj), sort_keys=True, default=_json_default)
 
 
-def read_jsonl(path: Path) -> list[dict[str, Any]]:
-    """Records of a JSON-lines file; truncated or garbage lines are skipped with a warning."""
+def read_jsonl(path: Path, skipped: list[int] | None = None) -> list[dict[str, Any]]:
+    """Records of a JSON-lines file; truncated or garbage lines are skipped with a warning (and their
+    line numbers appended to `skipped` when given)."""
     records = []
     try:
         lines = path.read_text().splitlines()
@@ -92,11 +93,13 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
             record = json.loads(line)
         except json.JSONDecodeError:
             log.warning("skipping unreadable line %d of %s", number, path)
+            skipped.append(number) if skipped is not None else None
             continue
         if isinstance(record, dict):
             records.append(record)
         else:
             log.warning("skipping line %d of %s: not a JSON object", number, path)
+            skipped.append(number) if skipped is not None else None
     return records
 
 

@@ -27,7 +27,9 @@ class Launcher:
     anything is written, raising DomaingenError; `jobs_per_task`: it accepts
     --jobs_per_task above 1 (one task runs several jobs); `detach`: it accepts --detach
     (submit and return); `runs_jobs`: False for one that only shows what it would run
-    (dry): nothing is written, asked or checked beyond the options' names.
+    (dry): nothing is written, asked or checked beyond the options' names; `remote`: whether,
+    with these options, the jobs run on machines with disks of their own (the data directory
+    is then not checked here).
     """
 
     name: str
@@ -37,6 +39,7 @@ class Launcher:
     jobs_per_task: bool = False
     detach: bool = False
     runs_jobs: bool = True
+    remote: Callable[[LaunchOptions], bool] | None = None
 
     @property
     def __wrapped__(self) -> LaunchFunction:
@@ -49,14 +52,14 @@ LAUNCHERS: Registry[Launcher] = Registry("launcher")
 
 def register_launcher(
     name: str, help: str, *, check: Callable[[LaunchOptions], None] | None = None, jobs_per_task: bool = False,
-    detach: bool = False, runs_jobs: bool = True,
+    detach: bool = False, runs_jobs: bool = True, remote: Callable[[LaunchOptions], bool] | None = None,
 ) -> Callable[[LaunchFunction], LaunchFunction]:
     """Decorator: register the function as the launcher `name` (see Launcher for the arguments);
     the function itself is returned unchanged. A name taken already raises NameClashError."""
 
     def decorate(run: LaunchFunction) -> LaunchFunction:
         LAUNCHERS.register(name)(Launcher(name, run, help, check=check, jobs_per_task=jobs_per_task, detach=detach,
-                                          runs_jobs=runs_jobs))
+                                          runs_jobs=runs_jobs, remote=remote))
         return run
 
     return decorate

@@ -89,7 +89,7 @@ def _check_options(options: Any) -> None:
 
 
 @register_launcher("ray", "each job a Ray task, on a local instance or the cluster at --ray_address",
-                   check=_check_options, jobs_per_task=True)
+                   check=_check_options, jobs_per_task=True, remote=lambda options: bool(options.ray_address))
 def launch_ray(jobs: Sequence[Any], sweep_dir: str, data_dir: str | None, options: Any) -> list[Any]:
     """Run every job as a Ray task; returns one JobResult per job, a dead task's as failed."""
     ray = import_ray()

@@ -47,6 +47,8 @@ class Collection:
     manifests: dict[str, dict | None] = field(default_factory=dict)  # done run -> its manifest.json (None: none)
     bundle: dict | None = None  # the bundle.json when read from a bundle (tables.export)
     protocol: str = DEFAULT_PROTOCOL  # the protocol every record followed
+    # records of done runs left out, so tables can say so: (the file, how many, which and why)
+    skipped: list[tuple[str, int, str]] = field(default_factory=list)
 
 
 # Arguments only DomainBed's train.py records: a run without `protocol` that has one is DomainBed's own.
@@ -133,13 +135,20 @@ def collect(input_dir: str | os.PathLike, allow_mixed_sources: bool = False, pro
     failed: list[tuple[str, str]] = []
     incomplete: list[str] = []
     manifests: dict[str, dict | None] = {}
+    skipped: list[tuple[str, int, str]] = []
     for path in _run_dirs(root):
         if (path / DONE).exists():
             manifests[path.name] = read_manifest(path)
-            records = read_jsonl(path / RESULTS)
+            unreadable: list[int] = []
+            records = read_jsonl(path / RESULTS, unreadable)
             flat = [r for r in (_flatten(rec, path.name) for rec in records) if r is not None]
+            if unreadable:
+                lines = ", ".join(map(str, unreadable))
+                skipped.append((f"{path.name}/{RESULTS}", len(unreadable),
+                                f"unreadable line{'s' * (len(unreadable) > 1)} {lines}"))
             if len(flat) < len(records):
                 log.warning("skipping %d records without args or step in %s", len(records) - len(flat), path)
+                skipped.append((f"{path.name}/{RESULTS}", len(records) - len(flat), "records without args or step"))
             rows.extend(flat)
             run_rows.append(_run_row(path, "done", records[0] if records else None))
         elif (path / FAILED).exists():
@@ -153,8 +162,8 @@ def collect(input_dir: str | os.PathLike, allow_mixed_sources: bool = False, pro
             f"no finished runs in {root} (found {len(failed)} failed, {len(incomplete)} incomplete); "
             "launch or resume the sweep first (domaingen sweep launch)"
         )
-    collection = only_protocol(Collection(pd.DataFrame(rows), failed, incomplete, pd.DataFrame(run_rows), manifests),
-                               protocol, str(root))
+    collection = only_protocol(Collection(pd.DataFrame(rows), failed, incomplete, pd.DataFrame(run_rows), manifests,
+                                          skipped=skipped), protocol, str(root))
     if not allow_mixed_sources:
         check_data_sources(collection.records)
     return collection
@@ -182,7 +191,8 @@ def only_protocol(collection: Collection, protocol: str | None, where: str) -> C
     kept = set(runs["run"]) if len(runs) else set()
     return Collection(records, [(r, why) for r, why in collection.failed if r in kept],
                       [r for r in collection.incomplete if r in kept], runs,
-                      {run: m for run, m in collection.manifests.items() if run in kept}, collection.bundle, protocol)
+                      {run: m for run, m in collection.manifests.items() if run in kept}, collection.bundle, protocol,
+                      [item for item in collection.skipped if item[0].split("/")[0] in kept])
 
 
 def only_datasets(collection: Collection, datasets: Sequence[str], where: str) -> Collection:
@@ -207,7 +217,8 @@ def only_datasets(collection: Collection, datasets: Sequence[str], where: str) -
                              f"({len(kept)} runs of them, none done); launch or resume the sweep first")
     return Collection(records, [(run, why) for run, why in collection.failed if run in kept],
                       [run for run in collection.incomplete if run in kept], runs.reset_index(drop=True),
-                      {run: m for run, m in collection.manifests.items() if run in kept}, collection.bundle, collection.protocol)
+                      {run: m for run, m in collection.manifests.items() if run in kept}, collection.bundle, collection.protocol,
+                      [item for item in collection.skipped if item[0].split("/")[0] in kept])
 
 
 def data_sources(records: pd.DataFrame) -> list[str]:

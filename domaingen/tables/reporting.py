@@ -576,8 +576,18 @@ def done_runs(count: int) -> str:
     return f"{count} done run{'' if count == 1 else 's'}"
 
 
+def skipped_lines(collection: Collection) -> list[str]:
+    """What the tables were built without: how many records of done runs were skipped, and where."""
+    if not collection.skipped:
+        return []
+    count = sum(n for _, n, _ in collection.skipped)
+    where = "; ".join(f"{path}: {what}" for path, _, what in collection.skipped)
+    return [f"Built from fewer records than the runs hold: {count} skipped ({where})."]
+
+
 def _footer(collection: Collection) -> str:
     lines = [f"{done_runs(collection.records['run'].nunique())}, {len(collection.records)} records."]
+    lines += skipped_lines(collection)
     if collection.bundle:
         lines.append(f"Read from a bundle of sweep {collection.bundle.get('source')}: the runs its tables selected, "
                      f"of {done_runs(collection.bundle.get('done_runs', 0))}.")
@@ -606,18 +616,67 @@ def latex_escape(text: str) -> str:
     return "".join("$-$" if _is_minus(text, i) else LATEX_ESCAPES.get(ch, ch) for i, ch in enumerate(text))
 
 
-def _latex_cell(cell: Cell, show_n: bool, error: str = "domainbed", notes: dict[str, int] | None = None) -> str:
+def _latex_cell(cell: Cell, show_n: bool, error: str = "domainbed", notes: dict[str, int] | None = None,
+                rank: str = "") -> str:
+    """A cell's LaTeX; `rank` BEST sets its number in bold, SECOND underlines it (column_ranks)."""
     if not cell.values:
         return r"\textit{" + latex_escape(short_cell_text(cell, notes or {})) + "}"
     mean, spread = cell.number_texts(error)
     text = mean + (rf" $\pm$ {spread}" if spread else "")
+    text = {BEST: r"\textbf{%s}", SECOND: r"\underline{%s}"}.get(rank, "%s") % text
     text += f" ({cell.n})" if show_n and cell.error_bar else ""
     return text + "".join(LATEX_MARKS[m] for m in cell.marks) + _note_number(cell, notes or {})
+
+
+BEST, SECOND = "best", "second"
+# the kinds of table (the last part of Table.key) whose cells are accuracies to rank: higher is better
+RANKED_KINDS = ("test", "indomain", "averages")
+RANK_RULE = ("Bold: the best cell of each column, with every cell whose mean is within the larger of the two "
+             "error bars of it (as printed; in Avg columns, equal means); underlined: the best of the others, "
+             "likewise; published rows are not ranked")
+
+
+def _tied(a: tuple[float, float], b: tuple[float, float]) -> bool:
+    """Two printed (mean, ±) pairs no further apart than the larger ± (0 for a cell without one)."""
+    return abs(a[0] - b[0]) <= max(a[1], b[1]) + 1e-9
+
+
+def column_ranks(table: Table, error: str = "domainbed") -> dict[tuple[str, int], str]:
+    """(row, column index) -> BEST or SECOND, for the accuracy tables DG papers mark (RANKED_KINDS).
+
+    Per column, over the cells with a value: BEST is the highest printed mean and every cell tied with
+    it (`_tied`: means within the larger of their printed error bars); SECOND the highest of the rest
+    and those tied with it, given three cells or more (with two, underlining marks only the last).
+    """
+    if table.key.rsplit("/", 1)[-1] not in RANKED_KINDS:
+        return {}
+    ranks: dict[tuple[str, int], str] = {}
+    for j in range(len(table.columns)):
+        printed = {}
+        for row, cells in table.rows.items():
+            cell = cells[j]
+            if cell.values and cell.percent:
+                mean, spread = cell.number_texts(error)
+                printed[row] = (float(mean), float(spread) if spread else 0.0)
+        if len(printed) < 2:
+            continue
+        rest = dict(printed)
+        for rank in (BEST, SECOND)[: 1 + (len(printed) >= 3)]:
+            if not rest:
+                break
+            top = max(rest.values(), key=lambda pair: pair[0])
+            tied = [row for row, pair in rest.items() if _tied(pair, top)]
+            ranks.update({(row, j): rank for row in tied})
+            rest = {row: pair for row, pair in rest.items() if row not in tied}
+    return ranks
 
 
 LATEX_PACKAGES = ("booktabs", "graphicx")
 # about one column of a two-column paper at 10 pt (e.g. 241 pt in ACL, 240 pt in IEEEtran)
 COLUMN_WIDTH_PT = 240.0
+# a table whose natural width is within this factor of a column's stays `table`, shrunk to fit it (to 8 pt
+# type at 10 pt, a DG paper's usual \small or \footnotesize table); a wider one is `table*`
+MAX_SHRINK = 0.8
 CHAR_PT, COLSEP_PT = 4.5, 12.0  # a character of 10 pt Computer Modern (digit 5, point and space 3); 2 x \tabcolsep
 
 
@@ -627,7 +686,9 @@ def _latex_reference_cell(cell: ReferenceCell) -> str:
 
 def _visible_length(latex: str) -> int:
     """Characters a LaTeX cell prints (commands and braces dropped; a plus-minus sign is one)."""
-    text = latex.replace(r"$\pm$", "±").replace(r"\textit{", "").replace("$-$", "-")
+    text = latex.replace(r"$\pm$", "±").replace("$-$", "-")
+    for command in (r"\textit{", r"\textbf{", r"\underline{"):
+        text = text.replace(command, "")
     for mark in LATEX_MARKS.values():
         text = text.replace(mark, "+")
     for escaped in ("%", "&", "_", "#", "$"):
@@ -641,26 +702,32 @@ def latex_width_pt(grid: Sequence[Sequence[str]]) -> float:
 
 
 def latex_table(table: Table, show_n: bool = False, error: str = "domainbed", placement: str | None = None,
-                note: str = "") -> str:
-    """One table as a float: `table` when it fits one column of a two-column paper, else `table*`
-    (both columns); its type keeps the document's size and shrinks only when wider than the line.
+                note: str = "", long_caption: bool = True, document_note: Sequence[str] | None = None) -> str:
+    """One table as a float: `table` when it fits one column of a two-column paper at MAX_SHRINK of
+    its size or more, else `table*` (both columns); its type keeps the document's size and shrinks
+    only when wider than the line.
 
     `placement` overrides the float's placement ([ht] for table, [t] for table*, which takes no h);
-    `note`, a line set small under the table (e.g. that its runs mix code versions).
+    `note`, a line set small under the table (e.g. that its runs mix code versions). The caption is
+    `Table.caption()`, or with `long_caption` False the title alone. `document_note`, when given,
+    replaces what the note under the table says of the error bar and the marks: to_latex gives the
+    first table the document's note and the others none (their marks are explained there).
     """
     header = ["Algorithm"] + [latex_escape(c) for c in table.columns]
     notes = cell_notes(table)
-    body = [[latex_escape(alg)] + [_latex_cell(c, show_n, error, notes) for c in cells]
+    ranks = column_ranks(table, error)
+    body = [[latex_escape(alg)] + [_latex_cell(c, show_n, error, notes, ranks.get((alg, j), ""))
+                                   for j, c in enumerate(cells)]
             for alg, cells in table.rows.items()]
     published = [[latex_escape(f"{alg} ({source})")] + [_latex_reference_cell(c) for c in cells]
                  for (alg, source), cells in table.references.items()]
-    wide = latex_width_pt([header] + body + published) > COLUMN_WIDTH_PT
+    wide = latex_width_pt([header] + body + published) * MAX_SHRINK > COLUMN_WIDTH_PT
     float_env, default_placement = ("table*", "[t]") if wide else ("table", "[ht]")
     placement = placement or default_placement
     lines = [
         rf"\begin{{{float_env}}}{placement}",
         r"\centering",
-        r"\caption{" + latex_escape(table.caption()) + "}",
+        r"\caption{" + latex_escape(table.caption() if long_caption else table.title) + "}",
         r"\label{tab:" + table.key.replace("/", "-").replace("_", "") + "}",
         r"\resizebox{\ifdim\width>\linewidth\linewidth\else\width\fi}{!}{%",
         r"\begin{tabular}{" + "l" + "c" * len(table.columns) + "}",
@@ -672,22 +739,69 @@ def latex_table(table: Table, show_n: bool = False, error: str = "domainbed", pl
     if published:
         lines.append(r"\midrule")
         lines += [" & ".join(row) + r" \\" for row in published]
-    lines += [r"\bottomrule", r"\end{tabular}}", latex_table_note(table, error)]
+    lines += [r"\bottomrule", r"\end{tabular}}"]
+    table_note = latex_table_note(table, error, document_note)
+    lines += [table_note] if table_note else []
     if note:
         lines.append(r"\par\smallskip{\footnotesize " + latex_escape(note.replace("`", "")) + "}")
     lines += [rf"\end{{{float_env}}}", ""]
     return "\n".join(lines)
 
 
-def latex_table_note(table: Table, error: str = "domainbed") -> str:
-    """The note under a LaTeX table: what ± is over how many trials, its marks' footnotes and
-    why its missing cells are missing, so that the table keeps them when pasted into a paper."""
-    parts = [error_note(error, [table])] + [f"{mark} {text}." for mark, text in table_marks(table)]
+def latex_table_note(table: Table, error: str = "domainbed", document_note: Sequence[str] | None = None) -> str:
+    """The note under a LaTeX table: what ± is over how many trials, what bold and underlined mean, its
+    marks' footnotes, and why its missing cells are missing, so that the table keeps them when pasted
+    into a paper. With `document_note` (plain-text paragraphs), that replaces the first three."""
+    if document_note is None:
+        parts = [error_note(error, [table])] + [RANK_RULE + "."] * bool(column_ranks(table, error))
+        parts += [f"{mark} {text}." for mark, text in table_marks(table)]
+    else:
+        parts = list(document_note)
     parts += note_lines(cell_notes(table))
+    if not parts:
+        return ""
     text = "\\par\n".join(latex_escape(p) for p in parts)
     for plain, math_mode in LATEX_FORMULAS.items():
         text = text.replace(plain, math_mode)
     return "\n".join([r"\par\smallskip{\footnotesize\raggedright", text, r"\par}"])
+
+
+def latex_document_note(tables: Sequence[Table], error: str = "domainbed", long_caption: bool = False) -> list[str]:
+    """The note said once per document, under its first table: what ± is, over how many trials; the
+    rule of bold and underlined cells; every mark used; and, with short captions, the data source and
+    protocol when every table shares them."""
+    parts = [error_note(error, tables)]
+    if any(column_ranks(t, error) for t in tables):
+        parts.append(RANK_RULE + ".")
+    used = "".join(mark for t in tables for mark, _ in table_marks(t))
+    parts += [f"{mark} {text}." for mark, text in MARKS.items() if mark in used]
+    if not long_caption:
+        shared = _shared_provenance(tables)
+        parts += [shared] if shared else []
+    return parts
+
+
+def _shared_provenance(tables: Sequence[Table]) -> str:
+    """'Data: X; protocol: Y.' when every table names the same ones ('' when they differ or none)."""
+    sources = {t.data_source for t in tables}
+    protocols = {t.protocol for t in tables}
+    found = [f"data: {next(iter(sources))}"] * (len(sources) == 1 and "" not in sources)
+    found += [f"protocol: {next(iter(protocols))}"] * (len(protocols) == 1 and "" not in protocols)
+    text = "; ".join(found)
+    return f"{text[0].upper()}{text[1:]}." if found else ""
+
+
+def _short_caption_table(table: Table, tables: Sequence[Table]) -> Table:
+    """`table` with its title extended by its data source and protocol where the document's tables differ
+    in them (the document note names them once otherwise)."""
+    import dataclasses
+
+    extra = []
+    if len({t.data_source for t in tables}) > 1 and table.data_source:
+        extra.append(f"data: {table.data_source}")
+    if len({t.protocol for t in tables}) > 1 and table.protocol:
+        extra.append(f"protocol: {table.protocol}")
+    return dataclasses.replace(table, title=f"{table.title} ({'; '.join(extra)})") if extra else table
 
 
 # the error bars' formulas as LaTeX typesets them, in the note under a table
@@ -696,25 +810,36 @@ LATEX_FORMULAS = {"std(x / sqrt(n))": r"$\mathrm{std}(x/\sqrt{n})$", "std(x) / s
 
 
 def to_latex(
-    tables: Sequence[Table], collection: Collection, show_n: bool = False, bare: bool = False, error: str = "domainbed"
+    tables: Sequence[Table], collection: Collection, show_n: bool = False, bare: bool = False, error: str = "domainbed",
+    long_captions: bool = False,
 ) -> str:
     """A standalone document, or with `bare` the tables alone for \\input in a paper (the
-    packages they need are named in a comment at the top)."""
-    uses = "".join(rf"\usepackage{{{p}}}" for p in LATEX_PACKAGES)
+    packages they need are named in a comment at the top).
+
+    Captions are the tables' titles (`long_captions`: with the data source and protocol); what ±
+    is, the rule of bold and underlined cells, the marks and (short captions) the data source are
+    said once, under the first table; records skipped as unreadable are named in a comment."""
+    if not long_captions:
+        tables = [_short_caption_table(t, tables) for t in tables]
+    shared = latex_document_note(tables, error, long_captions)
+    placement = None if bare else "[!ht]"  # one column: both kinds of float read as `table`; they may stand here
+    body = "\n".join(latex_table(t, show_n, error, placement, note=_note(collection, t), long_caption=long_captions,
+                                 document_note=shared if i == 0 else ())
+                     for i, t in enumerate(tables))
+    comments = [f"% {line}" for line in skipped_lines(collection)]
     if bare:
-        body = "\n".join(latex_table(t, show_n, error, note=_note(collection, t)) for t in tables)
         return "\n".join([
-            r"% domaingen tables: \input this file; the preamble needs " + uses + ".",
+            r"% domaingen tables: \input this file; the preamble needs " + "".join(
+                rf"\usepackage{{{p}}}" for p in LATEX_PACKAGES) + ".",
             r"% Tables keep the document's type size and shrink only when wider than their column;",
             r"% those wider than one column of a two-column paper are table* (they span both columns).",
+            *comments,
             body,
         ])
-    # one column: both kinds of float read as `table`; here they may stand where they are made
-    body = "\n".join(latex_table(t, show_n, error, placement="[!ht]", note=_note(collection, t)) for t in tables)
     return "\n".join(
         [r"\documentclass{article}", r"\usepackage[margin=2cm]{geometry}"]
         + [rf"\usepackage{{{p}}}" for p in LATEX_PACKAGES]
-        + [r"\begin{document}", body, r"\end{document}", ""]
+        + comments + [r"\begin{document}", body, r"\end{document}", ""]
     )
 
 
