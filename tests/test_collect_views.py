@@ -62,6 +62,9 @@ def test_the_tables_are_the_default_view_and_print_what_reporting_renders(sweeps
     assert stdout_of(capsys, "--input_dir", sweep, "--format", "latex", "--bare", "--show_trials") == to_latex(
         tables, collect(sweep), show_n=True, bare=True)
     assert stdout_of(capsys, "tables", "--input_dir", sweep, "--format", "csv", "--error", "se") == to_csv(tables, "se")
+    long = stdout_of(capsys, "--input_dir", sweep, "--format", "latex", "--long_captions")
+    assert long == to_latex(tables, collect(sweep), long_captions=True)
+    assert long != to_latex(tables, collect(sweep))
 
 
 def test_each_view_prints_what_its_function_renders(sweeps, capsys):

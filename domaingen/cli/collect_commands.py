@@ -65,6 +65,9 @@ def _add_table_layout(p: argparse.ArgumentParser) -> None:
     p.add_argument("--show_trials", action="store_true", help="append the number of trials to each cell")
     p.add_argument("--bare", action="store_true",
                    help="latex: tables only, for \\input in a paper (the packages they need are named at the top)")
+    p.add_argument("--long_captions", action="store_true",
+                   help="latex: captions with the selection rule, data source and protocol spelled out (default: "
+                        "short captions; the notes under the first table say the rest)")
 
 
 def _add_fields(p: argparse.ArgumentParser, required: bool, text: str) -> None:
@@ -138,7 +141,7 @@ def _tables(ns: argparse.Namespace) -> int:
     if ns.format == "markdown":
         text = to_markdown(tables, collection, ns.show_trials, ns.error)
     elif ns.format == "latex":
-        text = to_latex(tables, collection, ns.show_trials, ns.bare, ns.error)
+        text = to_latex(tables, collection, ns.show_trials, ns.bare, ns.error, long_captions=ns.long_captions)
     else:
         text = to_csv(tables, ns.error)
     return _write(text, ns.output)

@@ -330,7 +330,8 @@ def _versus_text(collection, methods: Sequence[str], ns: argparse.Namespace) -> 
     if ns.format == "markdown":
         return f"{summary}.\n\n" + to_markdown(tables, collection, ns.show_trials, ns.error)
     if ns.format == "latex":
-        return f"% {summary}.\n" + to_latex(tables, collection, ns.show_trials, ns.bare, ns.error)
+        return f"% {summary}.\n" + to_latex(tables, collection, ns.show_trials, ns.bare, ns.error,
+                                             long_captions=getattr(ns, "long_captions", False))
     print(f"{summary}.", file=sys.stderr)
     return to_csv(tables, ns.error)
 
