@@ -220,3 +220,11 @@ def test_relaunching_a_0_2_0_sweep_with_a_changed_identity_setting_names_it_and_
 def test_every_declared_setting_has_help_and_a_known_identity():
     for item in (*SETTINGS, *SPEC_SETTINGS):
         assert item.info.help and item.info.identity in ("always", "unless", "never"), item.name
+
+
+def test_sweep_launch_reads_each_test_envs_token_as_one_held_out_set(tmp_path, capsys):
+    code, out, _ = cli(capsys, "sweep", "launch", "--algorithms", "ERM", "--datasets", "ColoredMNIST", "--test_envs",
+                       "2", "0,1", "--n_hparams", "1", "--n_trials", "1", "--output_dir", str(tmp_path / "s"), "--dry")
+    held_out = [line.split("--test_envs ")[1].split(" --")[0] for line in out.splitlines()
+                if line.startswith("domaingen train")]
+    assert code == 0 and held_out == ["2", "0 1"]

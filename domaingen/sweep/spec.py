@@ -78,7 +78,7 @@ def _environment_set_text(text: str) -> list[int | str]:
 
 ENVIRONMENT_SETS = Kind('a list of held-out sets, e.g. [2] (environment 2), ["-90%"] (by name) or [[0], [1, 2]] '
                         "(two runs)", _environment_set_text,
-                        lambda v: isinstance(v, list) and all(_is_set_entry(e) for e in v))
+                        lambda v: isinstance(v, list) and all(_is_set_entry(e) for e in v), many=True)
 TABLE = Kind("a table", str, lambda v: isinstance(v, dict))
 TABLES = Kind("an array of tables ([[parts]])", str, lambda v: isinstance(v, list) and all(isinstance(e, dict) for e in v))
 
