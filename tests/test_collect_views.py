@@ -57,7 +57,11 @@ def test_the_tables_are_the_default_view_and_print_what_reporting_renders(sweeps
     sweep = sweeps["sweep"]
     tables = build_tables(collect(sweep), DEFAULT_METHODS)
     markdown = stdout_of(capsys, "--input_dir", sweep)
-    assert markdown == to_markdown(tables, collect(sweep)) and "| ERM " in markdown
+    # a sweep without pair runs: the default tables say what they leave out and how to get it
+    assert markdown == to_markdown(tables, collect(sweep)) + (
+        "\nNot shown: leave-one-domain-out cross-validation (loo), which needs pair runs; this sweep has none (add "
+        "`pairs = true` to the spec, or relaunch with `sweep launch --pairs`).\n") and "| ERM " in markdown
+    assert "Not shown" not in stdout_of(capsys, "--input_dir", sweep, "--selection", "training", "oracle")
     assert stdout_of(capsys, "tables", "--input_dir", sweep) == markdown
     assert stdout_of(capsys, "--input_dir", sweep, "--format", "latex", "--bare", "--show_trials") == to_latex(
         tables, collect(sweep), show_n=True, bare=True)

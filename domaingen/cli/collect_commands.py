@@ -11,6 +11,7 @@ imports nothing heavy: each view imports what it computes with when it runs.
 from __future__ import annotations
 
 import argparse
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
@@ -128,6 +129,7 @@ def _tables(ns: argparse.Namespace) -> int:
     from domaingen.tables.comparisons import field_tables, paired_tables, parse_pairs
     from domaingen.tables.reference import read_reference
     from domaingen.tables.reporting import build_tables, to_csv, to_latex, to_markdown
+    from domaingen.tables.selection import pair_methods_left_out
 
     _check_hparams_choice(ns)
     pairs = parse_pairs(ns.paired)
@@ -138,13 +140,20 @@ def _tables(ns: argparse.Namespace) -> int:
     derived = paired_tables(tables, pairs) if pairs is not None else []
     derived += field_tables(tables, collection.records, ns.fields) if ns.fields else []
     tables += derived
+    note = "" if ns.selection or collection.bundle is not None else pair_methods_left_out(_has_pairs(collection))
     if ns.format == "markdown":
-        text = to_markdown(tables, collection, ns.show_trials, ns.error)
+        text = to_markdown(tables, collection, ns.show_trials, ns.error) + (f"\n{note}\n" if note else "")
     elif ns.format == "latex":
         text = to_latex(tables, collection, ns.show_trials, ns.bare, ns.error, long_captions=ns.long_captions)
     else:
         text = to_csv(tables, ns.error)
+    if note and ns.format != "markdown":
+        print(note, file=sys.stderr)
     return _write(text, ns.output)
+
+
+def _has_pairs(collection) -> bool:
+    return bool(len(collection.records)) and bool((collection.records["test_envs"].map(len) == 2).any())
 
 
 def _top_hparams_arguments(p: argparse.ArgumentParser) -> None:

@@ -137,6 +137,19 @@ def default_selection_methods(has_pairs: bool) -> list[str]:
     return singles + ([m.name for m in entries if m.default and m.pairs] if has_pairs else [])
 
 
+def pair_methods_left_out(has_pairs: bool) -> str:
+    """A note for tables built with collect's default methods: the default methods that need pair
+    runs, which a sweep without them cannot show, and how to get them ('' when none is left out)."""
+    if has_pairs:
+        return ""
+    left_out = [SELECTION_METHODS.get(n) for n in default_selection_methods(True) if n not in default_selection_methods(False)]
+    if not left_out:
+        return ""
+    names = ", ".join(f"{m.description} ({m.name})" for m in left_out)
+    return (f"Not shown: {names}, which needs pair runs; this sweep has none (add `pairs = true` to the spec, "
+            "or relaunch with `sweep launch --pairs`).")
+
+
 def selection_methods_help() -> str:
     """The --selection help text: each method and its caption, and the default (escaped for argparse)."""
     entries = [SELECTION_METHODS.get(name) for name in SELECTION_METHODS]
