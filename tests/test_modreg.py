@@ -385,7 +385,7 @@ def test_first_adam_step_moves_the_logits_by_the_mask_lr_and_the_weights_by_the_
 
 def test_mask_lr_default_and_search_range():
     space = ALGORITHMS.get("ERM+ModReg").hparam_space()
-    assert space["modreg_mask_lr"].default == 0.0105 and str(space["modreg_mask_lr"].sampler) == "10^U(-3,-1)"
+    assert space["modreg_mask_lr"].default == 1e-3 and str(space["modreg_mask_lr"].sampler) == "10^U(-3,-1)"
     assert space["modreg_init_logit"].default == 2.0
 
 

@@ -2,8 +2,9 @@
 
 `X+ModReg` is X with a Gumbel-sigmoid mask over every Linear and Conv2d weight
 of its featurizer and classifier (domaingen.masks.weight_masks), trained jointly with the
-weights by X's own optimizers, and with alpha * S1 + beta * S2 added to X's
-loss, where for every masked layer and each input feature p, with pi = sigmoid(l):
+weights by X's own optimizers, and with scale * (alpha * S1 + beta * S2) added to X's
+loss, where for every masked layer and each input feature p, with pi = sigmoid(l)
+(`modreg_pi` "sigmoid", the keep probability; "logit" reads pi as the logit l itself):
 
     S1 = sum_p (sum of pi over the weights leaving p)^2          (specialization)
     S2 = sum_p sqrt(sum of pi^2 over the weights leaving p)      (reuse, a group lasso)
@@ -12,7 +13,8 @@ The penalty is part of X's objective for every X: FeaturizerClassifier routes
 every loss an algorithm backpropagates through `regularization(module)` (the L2
 term), and X+ModReg adds alpha * S1 + beta * S2 of that module's mask logits
 there. So the penalty enters before X rescales its loss (the IRM paper's
-schedule divides it by the penalty weight with the rest), SAND-mask's sign mask
+schedule divides it by the penalty weight with the rest, unless `modreg_rescaled`
+is false, which multiplies it back), SAND-mask's sign mask
 sees it in every environment's gradient, Fish adds it to each inner step's loss
 on its inner clone, and DMG adds it beside its overlap penalty. Its gradient is
 computed in closed form (`ModRegPenalty`), not by autograd through sigmoid and
@@ -42,8 +44,6 @@ MODIFIER = "ModReg"
 # What pi is in S1 and S2 (the abstract writes both "pi in [0, 1]" and "sigmoid(pi) > 0.5"):
 # "sigmoid", the keep probability sigmoid(l); "logit", the mask logit l itself.
 PI_READINGS = ("sigmoid", "logit")
-SCALE_DEFAULT = 1.0
-MASK_LR_DEFAULT = 1.05e-2
 
 
 def penalty_and_gradient(
@@ -101,16 +101,16 @@ class ModRegMixin:
     """Adds weight masks and the S1/S2 penalty to a FeaturizerClassifier; see the module docstring."""
 
     HPARAMS = {
-        "modreg_alpha": HParam(6.93e-9, log_uniform(-9, -5), "weight of S1, the specialization penalty"),
-        "modreg_beta": HParam(1.12e-4, log_uniform(-5, -1), "weight of S2, the reuse (group lasso) penalty"),
-        "modreg_scale": HParam(SCALE_DEFAULT, help="multiplies the whole penalty, modreg_scale * (alpha * S1 + beta * S2); > 0"),
+        "modreg_alpha": HParam(6.93e-10, log_uniform(-9, -5), "weight of S1, the specialization penalty"),
+        "modreg_beta": HParam(1.12e-5, log_uniform(-5, -1), "weight of S2, the reuse (group lasso) penalty"),
+        "modreg_scale": HParam(1.0, help="multiplies the whole penalty, modreg_scale * (alpha * S1 + beta * S2); > 0"),
         "modreg_pi": HParam("sigmoid", help="what pi is in S1 and S2: sigmoid (the keep probability sigmoid(l)) "
                             "or logit (the mask logit l)"),
         "modreg_rescaled": HParam(True, help="the penalty is divided with the rest of the loss where the base "
                                   "divides it (penalty_schedule irm_paper); false: it keeps its own scale"),
         "modreg_groups": HParam(4, help="mask samples per batch (the batch is cut into this many groups)"),
         "modreg_mask_lr": HParam(
-            MASK_LR_DEFAULT, log_uniform(-3, -1), "Adam learning rate of the mask logits (own group, no weight decay)"
+            1e-3, log_uniform(-3, -1), "Adam learning rate of the mask logits (own group, no weight decay)"
         ),
         "modreg_init_logit": HParam(2.0, help="initial mask logit: 2.0 keeps a weight with probability 0.88 "
                                    "(ours; Csordas et al. start at probability 0.9, logit 2.197)"),
