@@ -412,7 +412,8 @@ def test_an_unknown_reading_of_pi_is_an_error():
     ('{"modreg_scale": 0}', "modreg_scale must be > 0 (it multiplies ModReg's penalty), got 0"),
     ('{"modreg_scale": -0.1}', "modreg_scale must be > 0 (it multiplies ModReg's penalty), got -0.1"),
     ('{"modreg_pi": "pi"}', "modreg_pi must be one of sigmoid, logit, got 'pi'"),
-], ids=["negative-mask-lr", "zero-mask-lr", "zero-scale", "negative-scale", "unknown-pi"])
+    ('{"modreg_rescaled": "no"}', "modreg_rescaled must be true or false, got 'no'"),
+], ids=["negative-mask-lr", "zero-mask-lr", "zero-scale", "negative-scale", "unknown-pi", "rescaled-not-bool"])
 def test_bad_modreg_input_on_the_command_line_is_one_line_and_exit_2(tmp_path, capsys, overrides, message):
     from domaingen.cli.main import main
 

@@ -141,6 +141,8 @@ class ModRegMixin:
             )
         if hparams["modreg_pi"] not in PI_READINGS:
             raise DomaingenError(f"modreg_pi must be one of {', '.join(PI_READINGS)}, got {hparams['modreg_pi']!r}")
+        if not isinstance(hparams["modreg_rescaled"], bool):
+            raise DomaingenError(f"modreg_rescaled must be true or false, got {hparams['modreg_rescaled']!r}")
 
     def penalty_weights(self) -> tuple[float, float]:
         """(alpha, beta) as the penalty applies them: modreg_scale times modreg_alpha and modreg_beta."""
