@@ -60,9 +60,10 @@ by `sweeps/modreg_defaults.toml`, with the mask lr divided by 10. The first choi
 RotatedMNIST (alpha 2.04e-8, beta 2.09e-5, mask lr 1.43e-3: each dataset draws its own),
 and `collect --draws` shows the first dataset's draw on every row, so its RotatedMNIST run
 (59% of the weights kept) was not the defaults. At the first defaults RotatedMNIST (MLP,
-2000 steps) keeps 4.1% on every seed, still falling (34% at step 500, 1.5% at 5000), and
-loses 4.7 test points to ERM; at the current ones it keeps 86-88% at step 2000 on five
-seeds, the weights of the always-black pixels gone, at ERM's accuracy (results/README.md).
+2000 steps) keeps 4.1% on every seed, still falling (34% at step 500, 1.5% at 5000), about
+6 test points below ERM; at the current ones it keeps 86-88% at step 2000 on five seeds (the
+weights of the always-black pixels and 14% of the first layer's others pruned) at ERM's
+accuracy, and on the IRM paper's protocol it prunes nothing (results/README.md, issue 53).
 `modreg_init_logit` stays 2 (keep probability 0.88), domaingen's own choice, kept so that
 earlier ModReg results stay comparable: Csordás et al. (ICLR 2021) initialise the masks to a keep
 probability of 0.9, a logit of ln 9 = 2.197 (set `modreg_init_logit` to 2.197 for theirs). Each
