@@ -164,7 +164,8 @@ def test_averaging_composes_with_modreg_and_keeps_the_base_seed():
     assert training.run_seed("PACS", "ERM+SWAD", [3], 0, 0) == training.run_seed("PACS", "ERM", [3], 0, 0)
     torch.manual_seed(0)
     algorithm = cls((5,), 3, 2, {**HP, "modreg_alpha": 1e-6, "modreg_beta": 1e-4, "modreg_groups": 2,
-                                 "modreg_mask_lr": 1e-2, "modreg_init_logit": 2.0, "modreg_mask_bias": False})
+                                 "modreg_mask_lr": 1e-2, "modreg_init_logit": 2.0, "modreg_mask_bias": False,
+                                 "modreg_scale": 1.0, "modreg_pi": "sigmoid", "modreg_rescaled": True})
     logits = []
     for step in range(3):
         algorithm.update(minibatches(step))

@@ -12,7 +12,7 @@ from torch import nn
 
 from domaingen.algorithms import ALGORITHMS
 from domaingen.algorithms.base import FeaturizerClassifier
-from domaingen.algorithms.modreg import penalty_gradient, with_modreg
+from domaingen.algorithms.modreg import penalty_and_gradient, penalty_gradient, with_modreg
 from domaingen.errors import DomaingenError
 from domaingen.masks.weight_masks import (
     MaskedConv2d,
@@ -52,6 +52,19 @@ def test_closed_form_penalty_gradient_equals_autograd(shape):
     alpha, beta = 0.3, 0.7
     (alpha * specialization_penalty(logits) + beta * reuse_penalty(logits)).backward()
     assert torch.allclose(penalty_gradient(logits.detach(), alpha, beta), logits.grad, rtol=1e-9, atol=1e-12)
+
+
+@pytest.mark.parametrize("shape", [(5, 7), (4, 3, 3, 3)], ids=["linear", "conv"])
+def test_closed_form_gradient_of_the_logit_reading_equals_autograd(shape):
+    """pi = l: S1 = sum_p (sum of l leaving p)^2, S2 = sum_p sqrt(sum of l^2 leaving p)."""
+    logits = (torch.randn(shape, generator=torch.Generator().manual_seed(2)) * 2).double().requires_grad_()
+    dims = [0] + list(range(2, len(shape)))
+    s1 = logits.sum(dim=dims).square().sum()
+    s2 = logits.square().sum(dim=dims).sqrt().sum()
+    (0.3 * s1 + 0.7 * s2).backward()
+    got_s1, got_s2, grad = penalty_and_gradient(logits.detach(), 0.3, 0.7, "logit")
+    assert (got_s1.item(), got_s2.item()) == (pytest.approx(s1.item()), pytest.approx(s2.item()))
+    assert torch.allclose(grad, logits.grad, rtol=1e-9, atol=1e-12)
 
 
 def test_mask_samples_are_bernoulli_of_sigmoid_logits():
@@ -372,24 +385,44 @@ def test_first_adam_step_moves_the_logits_by_the_mask_lr_and_the_weights_by_the_
 
 def test_mask_lr_default_and_search_range():
     space = ALGORITHMS.get("ERM+ModReg").hparam_space()
-    assert space["modreg_mask_lr"].default == 0.0105 and str(space["modreg_mask_lr"].sampler) == "10^U(-3,-1)"
+    assert space["modreg_mask_lr"].default == 1e-3 and str(space["modreg_mask_lr"].sampler) == "10^U(-3,-1)"
     assert space["modreg_init_logit"].default == 2.0
 
 
-def test_negative_mask_lr_is_an_error():
-    with pytest.raises(DomaingenError, match=r"modreg_mask_lr must be >= 0 \(the Adam learning rate of the mask logits\), got -0.01"):
-        build("ERM+ModReg", (12,), modreg_mask_lr=-0.01)
+@pytest.mark.parametrize("value", [-0.01, 0.0])
+def test_a_mask_lr_that_is_not_positive_is_an_error(value):
+    with pytest.raises(DomaingenError, match=rf"^modreg_mask_lr must be > 0 \(the Adam learning rate of the mask logits\), got {value}$"):
+        build("ERM+ModReg", (12,), modreg_mask_lr=value)
 
 
-def test_negative_mask_lr_on_the_command_line_is_one_line_and_exit_2(tmp_path, capsys):
+@pytest.mark.parametrize("value", [-1.0, 0.0])
+def test_a_penalty_scale_that_is_not_positive_is_an_error(value):
+    with pytest.raises(DomaingenError, match=rf"^modreg_scale must be > 0 \(it multiplies ModReg's penalty\), got {value}$"):
+        build("ERM+ModReg", (12,), modreg_scale=value)
+
+
+def test_an_unknown_reading_of_pi_is_an_error():
+    with pytest.raises(DomaingenError, match=r"^modreg_pi must be one of sigmoid, logit, got 'probability'$"):
+        build("ERM+ModReg", (12,), modreg_pi="probability")
+
+
+@pytest.mark.parametrize("overrides, message", [
+    ('{"modreg_mask_lr": -1}', "modreg_mask_lr must be > 0 (the Adam learning rate of the mask logits), got -1"),
+    ('{"modreg_mask_lr": 0}', "modreg_mask_lr must be > 0 (the Adam learning rate of the mask logits), got 0"),
+    ('{"modreg_scale": 0}', "modreg_scale must be > 0 (it multiplies ModReg's penalty), got 0"),
+    ('{"modreg_scale": -0.1}', "modreg_scale must be > 0 (it multiplies ModReg's penalty), got -0.1"),
+    ('{"modreg_pi": "pi"}', "modreg_pi must be one of sigmoid, logit, got 'pi'"),
+    ('{"modreg_rescaled": "no"}', "modreg_rescaled must be true or false, got 'no'"),
+], ids=["negative-mask-lr", "zero-mask-lr", "zero-scale", "negative-scale", "unknown-pi", "rescaled-not-bool"])
+def test_bad_modreg_input_on_the_command_line_is_one_line_and_exit_2(tmp_path, capsys, overrides, message):
     from domaingen.cli.main import main
 
     out = tmp_path / "run"
     code = main(["-q", "train", "--dataset", "ColoredMNIST", "--algorithm", "ERM+ModReg", "--data_dir", "embedded",
-                 "--steps", "1", "--hparams", '{"modreg_mask_lr": -1}', "--output_dir", str(out)])
+                 "--steps", "1", "--hparams", overrides, "--output_dir", str(out)])
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2
-    assert err == ["domaingen: error: modreg_mask_lr must be >= 0 (the Adam learning rate of the mask logits), got -1"]
+    assert err == [f"domaingen: error: {message}"]
     assert not out.exists()  # refused before the run directory is made
 
 
@@ -410,16 +443,17 @@ def test_an_optimizer_built_from_bare_parameters_is_refused():
 ALPHA, BETA, L2 = 2e-3, 5e-2, 1e-3
 
 
-def brute_force_objective_penalty(module: nn.Module) -> torch.Tensor:
-    """alpha * S1 + beta * S2 of `module`'s weight-mask logits, by autograd through a per-feature loop."""
+def brute_force_objective_penalty(module: nn.Module, reading: str = "sigmoid", scale: float = 1.0) -> torch.Tensor:
+    """scale * (alpha * S1 + beta * S2) of `module`'s weight-mask logits, by autograd through a per-feature
+    loop, with pi the keep probability sigmoid(l) (reading "sigmoid") or the logit l itself ("logit")."""
     total = torch.zeros(())
     for layer in module.modules():
         if hasattr(layer, "mask_logits"):
-            pi = torch.sigmoid(layer.mask_logits)
+            pi = torch.sigmoid(layer.mask_logits) if reading == "sigmoid" else layer.mask_logits
             for p in range(pi.shape[1]):
                 leaving = pi[:, p]
                 total = total + ALPHA * leaving.sum() ** 2 + BETA * leaving.square().sum().sqrt()
-    return total
+    return scale * total
 
 
 def l2_term(module: nn.Module) -> torch.Tensor:
@@ -495,6 +529,46 @@ def test_penalty_is_in_the_objective_before_the_base_rescales_it(base):
 
     expected, without = objective_grads(b, batches, objective)
     assert_grads_match(logit_grads(a.network), expected, without)
+
+
+@pytest.mark.parametrize("reading", ["sigmoid", "logit"])
+@pytest.mark.parametrize("rescaled", [True, False])
+def test_reading_scale_and_rescaling_enter_irm_papers_objective(reading, rescaled):
+    """IRM+ModReg under the IRM paper's schedule (weight 10 from the first update): the logit gradients are
+    autograd of (mean risk + 10 * IRMv1 + L2) / 10 + 0.3 * (alpha S1 + beta S2) / (10 if rescaled else 1)."""
+    a = composed("IRM", irm_lambda=10.0, irm_penalty_anneal_iters=0, penalty_schedule="irm_paper",
+                 modreg_pi=reading, modreg_scale=0.3, modreg_rescaled=rescaled)
+    with torch.no_grad():  # logits of both signs and sizes, so that the two readings differ
+        for logits in mask_logits(a.network):
+            logits.copy_(torch.randn(logits.shape, generator=torch.Generator().manual_seed(logits.numel())) * 2)
+    b = copy.deepcopy(a)
+    batches = separable_batches((12,), n=8)
+    torch.manual_seed(7)
+    a.update(batches)
+
+    def objective(model, batches, penalty):
+        x = torch.cat([x for x, _ in batches])
+        logits = model.network(x).split([len(y) for _, y in batches])
+        risks = torch.stack([F.cross_entropy(l, y) for l, (_, y) in zip(logits, batches)])
+        data = risks.mean() + 10.0 * torch.stack([irmv1(l, y) for l, (_, y) in zip(logits, batches)]).mean()
+        return (data + l2_term(model.network)) / 10.0 + (penalty / 10.0 if rescaled else penalty)
+
+    expected = []
+    for with_penalty in (True, False):
+        model = copy.deepcopy(b)
+        torch.manual_seed(7)
+        penalty = brute_force_objective_penalty(model.network, reading, 0.3) if with_penalty else 0.0
+        expected.append(list(torch.autograd.grad(objective(model, batches, penalty), mask_logits(model.network))))
+    assert_grads_match(logit_grads(a.network), *expected)
+
+
+def test_the_two_readings_of_pi_give_different_penalties():
+    """With pi = l, S2 of a layer whose logits all equal 2 is sqrt(n_out) * 2 per input feature; with
+    pi = sigmoid(l), sqrt(n_out) * sigmoid(2)."""
+    logits = torch.full((9, 4), 2.0)
+    s2 = {reading: penalty_and_gradient(logits, 0.0, 1.0, reading)[1].item() for reading in ("sigmoid", "logit")}
+    assert s2["logit"] == pytest.approx(4 * 3 * 2.0)
+    assert s2["sigmoid"] == pytest.approx(4 * 3 * torch.sigmoid(torch.tensor(2.0)).item())
 
 
 def test_fish_adds_the_penalty_to_every_inner_step():

@@ -41,13 +41,16 @@ class AnnealedPenalty(FeaturizerClassifier):
             return float(self.hparams[self.LAMBDA_KEY])
         return 1.0
 
+    def loss_divisor(self) -> float:
+        """What `step` divides the whole loss by at this update: the weight under "irm_paper" once it exceeds 1, else 1."""
+        weight = self.penalty_weight()
+        return weight if self.hparams["penalty_schedule"] == "irm_paper" and weight > 1.0 else 1.0
+
     def step(self, loss: torch.Tensor) -> None:
         schedule = self.hparams["penalty_schedule"]
         if schedule == "domainbed" and self.update_count.item() == self.hparams[self.ANNEAL_KEY]:
             self.optimizer = make_adam(self.network, self.hparams)
         total = loss + self.regularization()  # before the rescaling below, as the L2 term
-        weight = self.penalty_weight()
-        if schedule == "irm_paper" and weight > 1.0:
-            total = total / weight
+        total = total / self.loss_divisor()
         self.apply_gradients(total)
         self.update_count += 1

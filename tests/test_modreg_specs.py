@@ -1,0 +1,68 @@
+"""The ModReg grid specs (sweeps/modreg_grid_*.toml): the grid's points, the pairing with the base, the rescaling."""
+
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+
+import pytest
+
+from domaingen.run.training import run_seed
+from domaingen.sweep.spec import build_jobs, load_spec
+
+SWEEPS = Path(__file__).resolve().parents[1] / "sweeps"
+SCALES = {0.01, 0.03, 0.1, 0.3, 1.0}
+MASK_LRS = {1e-4, 1e-3, 1e-2}
+
+
+def _jobs(name: str) -> list:
+    return build_jobs(load_spec(SWEEPS / name))
+
+
+def _points(jobs, algorithm: str, **fixed) -> dict[tuple[float, float], set[int]]:
+    """(modreg_scale, modreg_mask_lr) -> trial seeds, over the jobs of `algorithm` whose hparams include `fixed`."""
+    points: dict[tuple[float, float], set[int]] = {}
+    for job in jobs:
+        hp = job.args["hparams"]
+        if job.args["algorithm"] == algorithm and all(hp.get(k) == v for k, v in fixed.items()):
+            points.setdefault((hp["modreg_scale"], hp["modreg_mask_lr"]), set()).add(job.args["trial_seed"])
+    return points
+
+
+@pytest.mark.parametrize("name, bases, trials, n_jobs", [
+    ("modreg_grid_irm.toml", ["ERM", "IRM"], 10, (2 + 15 + 2 * 15) * 10),  # IRM+ModReg rescaled and not
+    ("modreg_grid_rmnist.toml", ["ERM"], 3, (1 + 15) * 3),
+])
+def test_grid_spec_covers_every_point_paired_with_its_base(name, bases, trials, n_jobs):
+    jobs = _jobs(name)
+    grid = set(itertools.product(SCALES, MASK_LRS))
+    for base in bases:
+        fixed = {"modreg_rescaled": True} if base == "IRM" else {}
+        assert _points(jobs, f"{base}+ModReg", **fixed) == {p: set(range(trials)) for p in grid}
+        runs = [j.args for j in jobs if j.args["algorithm"] in (base, f"{base}+ModReg")]
+        # X and X+ModReg of trial t: the same training seed, every other hyperparameter X's own
+        assert {run_seed(a["dataset"], a["algorithm"], a["test_envs"], a["hparams_seed"], a["trial_seed"])
+                for a in runs if a["trial_seed"] == 0} == {
+            run_seed(runs[0]["dataset"], base, runs[0]["test_envs"], 0, 0)}
+        base_hp = next(a["hparams"] for a in runs if a["algorithm"] == base)
+        for a in runs:
+            assert {k: v for k, v in a["hparams"].items() if not k.startswith("modreg_")} == base_hp
+            assert a["hparams"].get("modreg_alpha", 6.93e-9) == 6.93e-9
+            assert a["hparams"].get("modreg_beta", 1.12e-4) == 1.12e-4
+    if "IRM" in bases:
+        assert _points(jobs, "IRM+ModReg", modreg_rescaled=False) == {p: set(range(trials)) for p in grid}
+    assert len(jobs) == n_jobs
+
+
+def test_irm_grid_is_the_irm_papers_protocol():
+    for job in _jobs("modreg_grid_irm.toml"):
+        a = job.args
+        assert (a["dataset"], a["test_envs"], a["steps"], a["holdout_fraction"]) == ("IRMColoredMNIST", [2], 501, 0.0)
+        if a["algorithm"].startswith("IRM"):
+            assert a["hparams"]["penalty_schedule"] == "irm_paper" and a["hparams"]["irm_lambda"] == pytest.approx(91257.186)
+
+
+def test_rmnist_grid_runs_domainbeds_mlp_at_full_length():
+    for job in _jobs("modreg_grid_rmnist.toml"):
+        a = job.args
+        assert (a["dataset"], a["test_envs"], a["steps"], a["hparams"]["featurizer"]) == ("RotatedMNIST", [0], 5001, "MLP")
