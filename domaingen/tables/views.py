@@ -64,8 +64,8 @@ def _varying_hparams(hparams_json: pd.Series) -> list[str]:
 def draws_table(records: pd.DataFrame, field_patterns: Sequence[str] | None = None) -> dict[str, pd.DataFrame]:
     """algorithm -> one row per hparams_seed (see the module docstring), best average validation first.
 
-    Accuracies are in percent; a draw's hyperparameters are read from its first run (a dataset
-    draws its own values: they may differ between datasets, and then the row shows the first).
+    Accuracies are in percent. Each dataset draws its own values, so a hyperparameter whose value
+    differs between a draw's datasets gets a column per dataset, `NAME (DATASET)`.
     """
     selected = training_domain_validation(records)
     if selected.empty:
@@ -76,11 +76,17 @@ def draws_table(records: pd.DataFrame, field_patterns: Sequence[str] | None = No
     for algorithm, sub in selected.groupby("algorithm", sort=True):
         varying = _varying_hparams(sub["hparams"])
         datasets = sorted(sub["dataset"].unique())
+        drawn = {seed: _hparams_by_dataset(draw) for seed, draw in sub.groupby("hparams_seed")}
+        per_dataset = {k for k in varying for values in drawn.values()
+                       if len({json.dumps(h.get(k), sort_keys=True) for h in values.values()}) > 1}
         rows = []
         for seed, draw in sub.groupby("hparams_seed"):
-            hparams = json.loads(draw.sort_values("dataset")["hparams"].iloc[0])
             row: dict[str, object] = {"hparams_seed": int(seed)}
-            row.update({k: hparams.get(k) for k in varying})
+            for k in varying:
+                if k in per_dataset:
+                    row.update({f"{k} ({d})": drawn[seed][d].get(k) if d in drawn[seed] else None for d in datasets})
+                else:
+                    row[k] = next(iter(drawn[seed].values())).get(k)
             for dataset in datasets:
                 runs = draw[draw["dataset"] == dataset]
                 row[f"{dataset} val"] = 100 * runs["val_acc"].mean() if len(runs) else float("nan")
@@ -93,6 +99,12 @@ def draws_table(records: pd.DataFrame, field_patterns: Sequence[str] | None = No
         out[algorithm] = pd.DataFrame(rows).sort_values(["mean val", "hparams_seed"], ascending=[False, True],
                                                         kind="stable").reset_index(drop=True)
     return out
+
+
+def _hparams_by_dataset(draw: pd.DataFrame) -> dict[str, dict]:
+    """dataset -> the hyperparameters of its first run in `draw` (one hparams_seed)."""
+    first = draw.sort_values(["dataset", "run"]).drop_duplicates("dataset")
+    return {row.dataset: json.loads(row.hparams) for row in first.itertuples()}
 
 
 def _formatted(frame: pd.DataFrame) -> pd.DataFrame:
