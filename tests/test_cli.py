@@ -153,13 +153,13 @@ def test_a_user_algorithm_is_one_registered_class(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("where, message", [
-    ("file", "output_dir {} exists and is not a directory; choose another --output_dir"),
-    ("file/run", "output_dir {} lies under a file, not a directory; choose another --output_dir"),
+    ("file", "--output_dir {} is a file, not a directory; choose another --output_dir"),
+    ("file/run", "--output_dir {}: {} is a file, not a directory; choose another --output_dir"),
 ])
 def test_output_dir_that_is_a_file_gives_one_line(tmp_path, capsys, where, message):
     (tmp_path / "file").write_text("a file\n")
     out = tmp_path / where
     code, _, err = run_cli(capsys, *train_args(out))
     assert code == 2
-    assert err.strip() == "domaingen: error: " + message.format(out)
+    assert err.strip() == "domaingen: error: " + message.format(out, tmp_path / "file")
     assert (tmp_path / "file").read_text() == "a file\n"

@@ -72,9 +72,10 @@ def test_spec_test_envs_forms():
 
 
 @pytest.mark.parametrize("text, message", [
-    ('test_envs = [true]', "'test_envs' entry True is not an environment index, name or list of them; e.g. "
-                           'test_envs = [2] (environment 2), ["-90%"] (by name) or [[0], [1, 2]] (two runs)'),
-    ('test_envs = 2', "'test_envs' must be a list, e.g. test_envs = [2]"),
+    ('test_envs = [true]', 'test_envs must be a list of held-out sets, e.g. [2] (environment 2), ["-90%"] (by name) '
+                           "or [[0], [1, 2]] (two runs), got [True] ("),
+    ('test_envs = 2', 'test_envs must be a list of held-out sets, e.g. [2] (environment 2), ["-90%"] (by name) or '
+                      "[[0], [1, 2]] (two runs), got 2 ("),
     ('test_envs = ["-95%"]', "'test_envs' for ColoredMNIST: unknown test environment '-95%' of ColoredMNIST; "
                              "give an index or a name: 0=+90%, 1=+80%, 2=-90%"),
 ])

@@ -73,6 +73,7 @@ def test_an_address_that_does_not_answer_one_line_and_nothing_written(tmp_path, 
 def test_job_failures_are_reported_per_job(tmp_path, capsys, local_ray):
     spec, out = tmp_path / "spec.toml", tmp_path / "sweep"
     spec.write_text(SPEC)
+    (tmp_path / "no_data").mkdir()  # exists, so the launch goes ahead, but holds no MNIST: every job fails
     argv = [a if a != "embedded" else str(tmp_path / "no_data") for a in launch_argv(spec, out, "--launcher", "ray")]
     code, stdout, _ = cli(capsys, *argv)
     failed = [line for line in stdout.splitlines() if line.startswith("  failed ")]

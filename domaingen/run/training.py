@@ -272,7 +272,7 @@ def canonical_names(config: TrainConfig) -> TrainConfig:
                                algorithm=ALGORITHMS.canonical(config.algorithm))
 
 
-def check_settings(config: TrainConfig, source: str = "settings") -> None:
+def check_settings(config: TrainConfig, source: str = "TrainConfig") -> None:
     """Each declared setting's type and range (one line naming the setting and `source`)."""
     for item in SETTINGS:
         check_value(item, getattr(config, item.name), source)
