@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import math
 import shutil
 from pathlib import Path
 
@@ -65,3 +67,23 @@ def test_a_domainbed_style_sweep_command_launches_and_deletes(tmp_path, capsys):
     assert code == 0 and "48 jobs: 48 done" in out and "nothing to launch" in out
     code, out, _ = cli(capsys, "sweep", "delete_incomplete", "--output_dir", str(sweep), "--skip_confirmation")
     assert code == 0 and "deleted 0 incomplete or failed job directories" in out
+
+
+DOMAINBED_SWEEP = Path(__file__).parent / "fixtures" / "domainbed_b93c22a"
+
+
+def test_collect_reads_a_directory_written_by_domainbeds_own_train_py(capsys):
+    """Two runs of DomainBed b93c22a's `python -m domainbed.scripts.train --dataset ColoredMNIST --algorithm ERM
+    --test_envs 2 --steps 2 --checkpoint_freq 1 --trial_seed {0,1} --skip_model_save` on real MNIST, as it left them."""
+    expected = []
+    for run in ("run0", "run1"):
+        records = [json.loads(line) for line in (DOMAINBED_SWEEP / run / "results.jsonl").read_text().splitlines()]
+        best = max(records, key=lambda r: (r["env0_out_acc"] + r["env1_out_acc"]) / 2)  # the first best wins
+        expected.append(best["env2_in_acc"])
+    mean = 100 * sum(expected) / 2
+    bar = 100 * abs(expected[0] - expected[1]) / 2 / math.sqrt(2)  # DomainBed's std(x / sqrt(n)), ddof 0, n = 2
+    code, text, _ = cli(capsys, "collect", "--input_dir", str(DOMAINBED_SWEEP))
+    first = text.split("\n\n")[:2]
+    assert code == 0 and first[0] == ("### ColoredMNIST: test accuracy, training-domain validation (data: unknown; "
+                                      "protocol: domainbed)")
+    assert f"| ERM         | {mean:.1f} ± {bar:.1f} †" in first[1]

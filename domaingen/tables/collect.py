@@ -21,6 +21,7 @@ from typing import Sequence
 
 import pandas as pd
 
+from domaingen.datasets import DATASETS
 from domaingen.errors import DomaingenError
 from domaingen.networks import describe_backbone
 from domaingen.run.manifest import read_manifest
@@ -83,10 +84,21 @@ def _flatten(record: dict, run: str) -> dict | None:
     row["hparams"] = json.dumps(record.get("hparams", {}), sort_keys=True)
     row["data_source"] = record.get("data_source") or args.get("data_source") or UNKNOWN_SOURCE
     hparams = record.get("hparams")
-    row["backbone"] = describe_backbone(hparams) if isinstance(hparams, dict) else None
+    row["backbone"] = describe_backbone(hparams) if isinstance(hparams, dict) and _has_backbone(row["dataset"]) else None
     row["protocol"] = run_protocol(args)
     row["in_domain_test"] = args.get("in_domain_test")  # the in-domain table's caption names its split
     return row
+
+
+def _has_backbone(dataset: object) -> bool:
+    """Whether runs of `dataset` use an image backbone: not MNIST-sized inputs (28 x 28), which
+    DomainBed's networks and ours give MNIST_CNN or the MLP whatever the backbone flags say (its
+    records of ColoredMNIST carry `resnet50_augmix: true`). An unknown dataset is assumed to."""
+    try:
+        shape = tuple(DATASETS.get(str(dataset)).INPUT_SHAPE)
+    except DomaingenError:
+        return True
+    return shape[1:3] != (28, 28)
 
 
 def _first_record_args(path: Path) -> dict:
