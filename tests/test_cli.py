@@ -103,7 +103,7 @@ def test_list_shows_environments_and_hparams(capsys):
     assert "irm_lambda" in out and "10^U(-1,5)" in out
     assert "SANDMask" in out and "0.5; U(0,1)" in out
     assert "modreg_alpha" not in out.split("Compositions")[0]  # compositions are listed once, not per algorithm
-    assert "X+ModReg for every algorithm X above" in out and "6.93e-09; 10^U(-9,-5)" in out
+    assert "X+ModReg for every algorithm X above" in out and "6.93e-10; 10^U(-9,-5)" in out
 
 
 def test_module_and_console_script_are_the_same_program(tmp_path):

@@ -76,7 +76,7 @@ def test_evaluated_fraction_by_hand():
 
 def config(out, **kw) -> TrainConfig:
     base = dict(dataset="ColoredMNIST", algorithm="ERM", output_dir=str(out), test_envs=[2], data_dir="embedded",
-                hparams=dict(FAST_HPARAMS), steps=5, checkpoint_freq=2)
+                hparams=dict(FAST_HPARAMS), steps=5, checkpoint_freq=2, protocol="paired")
     base.update(kw)
     return TrainConfig(**base)
 
@@ -207,6 +207,7 @@ n_hparams = 2
 n_trials = 1
 steps = {steps}
 checkpoint_freq = 2
+protocol = "paired"
 {eval_splits}
 {extra}
 

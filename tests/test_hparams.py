@@ -78,7 +78,7 @@ def test_samplers_describe_their_distribution():
 
 def test_hparams_do_not_depend_on_trial_seed(tmp_path):
     configs = [
-        TrainConfig("ColoredMNIST", "VREx", str(tmp_path), hparams_seed=4, trial_seed=t) for t in (0, 1, 2)
+        TrainConfig("ColoredMNIST", "VREx", str(tmp_path), hparams_seed=4, trial_seed=t, protocol="paired") for t in (0, 1, 2)
     ]
     drawn = [resolve(c).hparams for c in configs]
     assert drawn[0] == drawn[1] == drawn[2]
@@ -142,15 +142,15 @@ def test_shared_hyperparameters_draw_one_value_for_every_algorithm(hparams_seed)
 
 def test_modreg_draws_the_base_draw_plus_its_own(tmp_path):
     """IRM+ModReg at draw k = IRM at draw k, plus the modreg_* names."""
-    base = resolve(TrainConfig("ColoredMNIST", "IRM", str(tmp_path), hparams_seed=3)).hparams
-    composed = resolve(TrainConfig("ColoredMNIST", "IRM+ModReg", str(tmp_path), hparams_seed=3)).hparams
+    base = resolve(TrainConfig("ColoredMNIST", "IRM", str(tmp_path), hparams_seed=3, protocol="paired")).hparams
+    composed = resolve(TrainConfig("ColoredMNIST", "IRM+ModReg", str(tmp_path), hparams_seed=3, protocol="paired")).hparams
     assert {k: composed[k] for k in base} == base
     assert all(k.startswith("modreg_") for k in set(composed) - set(base))
 
 
 def test_modreg_runs_get_the_base_algorithms_training_seed(tmp_path):
     def seed(algorithm, **kw):
-        return resolve(TrainConfig("ColoredMNIST", algorithm, str(tmp_path), test_envs=[2], **kw)).args["seed"]
+        return resolve(TrainConfig("ColoredMNIST", algorithm, str(tmp_path), test_envs=[2], protocol="paired", **kw)).args["seed"]
 
     for kw in ({}, {"hparams_seed": 4, "trial_seed": 1}):
         assert seed("ERM+ModReg", **kw) == seed("ERM", **kw)

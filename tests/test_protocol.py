@@ -305,12 +305,17 @@ def test_image_training_environments_are_evaluated_augmented_under_domainbed(tmp
 
 def test_paired_job_ids_are_unchanged_and_domainbed_jobs_name_their_protocol():
     base = {"algorithms": ["ERM"], "datasets": ["ColoredMNIST"], "n_hparams": 2, "n_trials": 2, "test_envs": [[2]]}
-    old = build_jobs(parse_spec(base))
-    assert [j.job_id for j in build_jobs(parse_spec({**base, "protocol": "paired"}))] == [j.job_id for j in old]
-    assert all("protocol" not in j.args for j in old)
+    paired = build_jobs(parse_spec({**base, "protocol": "paired"}))
+    by_hand = [hashlib.md5(json.dumps({"algorithm": "ERM", "checkpoint_freq": 100, "dataset": "ColoredMNIST",
+                                       "holdout_fraction": 0.2, "hparams": {}, "hparams_seed": h, "precision": "fp32",
+                                       "steps": 5001, "test_envs": [2], "trial_seed": t}, sort_keys=True).encode()
+                           ).hexdigest() for h in range(2) for t in range(2)]
+    assert [j.job_id for j in paired] == by_hand  # as before protocols: the id leaves paired out
+    assert all(j.args["protocol"] == "paired" for j in paired)  # the job still runs paired
     db = build_jobs(parse_spec({**base, "protocol": "domainbed"}))
+    assert [j.job_id for j in build_jobs(parse_spec(base))] == [j.job_id for j in db]  # the default for ERM here
     assert all(j.args["protocol"] == "domainbed" for j in db)
-    assert not {j.job_id for j in db} & {j.job_id for j in old}
+    assert not {j.job_id for j in db} & {j.job_id for j in paired}
     assert "--protocol domainbed" in train_command(db[0], "out", None)
 
 
@@ -362,7 +367,7 @@ def test_a_run_resumes_only_under_its_own_protocol(tmp_path, capsys):
     args = json.loads((out / "args.json").read_text())
     assert args["protocol"] == "domainbed" and args["seed"] == P.domainbed_run_seed("ColoredMNIST", "ERM", [2], 0, 0)
     before = {p.name: p.read_bytes() for p in out.iterdir()}
-    code, _, err = run_cli(capsys, *train_args(out))
+    code, _, err = run_cli(capsys, *train_args(out, "--protocol", "paired"))
     assert code == 2
     assert err == (f"domaingen: error: {out} holds a run of protocol 'domainbed', not 'paired'; "
                    "resume it with --protocol domainbed or choose another --output_dir\n")
@@ -371,12 +376,13 @@ def test_a_run_resumes_only_under_its_own_protocol(tmp_path, capsys):
 
 def test_a_run_recorded_before_protocols_resumes_as_paired(tmp_path, capsys):
     out = tmp_path / "run"
-    assert run_cli(capsys, *train_args(out))[0] == 0
+    assert run_cli(capsys, *train_args(out, "--protocol", "paired"))[0] == 0
     args = json.loads((out / "args.json").read_text())
     del args["protocol"]
     (out / "args.json").write_text(json.dumps(args))
     (out / "done").unlink()
-    assert run_cli(capsys, *train_args(out))[0] == 0
+    assert run_cli(capsys, *train_args(out))[0] == 0  # no --protocol: the run's own, paired
+    assert json.loads((out / "args.json").read_text()).get("protocol") is None  # args.json is never rewritten
     assert run_cli(capsys, *train_args(out, "--protocol", "domainbed"))[0] == 2
 
 
@@ -392,13 +398,13 @@ def sweep_args(tmp_path, out, *extra: str) -> list[str]:
 def test_sweeps_of_two_protocols_make_two_tables_never_one(tmp_path, capsys):
     out = tmp_path / "sweep"
     assert run_cli(capsys, *sweep_args(tmp_path, out, "--protocol", "domainbed"))[0] == 0
-    code, _, err = run_cli(capsys, *sweep_args(tmp_path, out))
+    code, _, err = run_cli(capsys, *sweep_args(tmp_path, out, "--protocol", "paired"))
     assert code == 2
     assert err == (f"domaingen: error: {out} holds a sweep of protocol 'domainbed', not 'paired'; relaunch it with "
                    "--protocol domainbed, or use another --output_dir\n")
     # a paired sweep's runs moved in beside them: collect reads one protocol at a time
     other = tmp_path / "paired"
-    assert run_cli(capsys, *sweep_args(tmp_path, other))[0] == 0
+    assert run_cli(capsys, *sweep_args(tmp_path, other, "--protocol", "paired"))[0] == 0
     for run in other.iterdir():
         if run.is_dir():
             run.rename(out / run.name)

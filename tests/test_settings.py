@@ -22,6 +22,8 @@ FIXTURE = Path(__file__).parent / "fixtures" / "release_0_2_0"
 FIXTURE_RUN = ["--dataset", "ColoredMNIST", "--algorithm", "IRM", "--test_envs", "2", "--data_dir", "embedded",
                "--hparams", '{"featurizer": "MLP", "mlp_width": 8, "batch_size": 16}', "--steps", "6",
                "--checkpoint_freq", "2", "--hparams_seed", "1", "--in_domain_test", "0.1"]
+# a new run beside the fixture's, under its protocol (0.2's default; DomainBed's experiment is today's for ERM and IRM)
+NEW_RUN = [*FIXTURE_RUN, "--protocol", "paired"]
 VARYING = {"step_time", "eval_time", "mem_gb", "args"}  # what differs between two machines or two runs
 
 
@@ -83,10 +85,11 @@ def test_a_job_id_hashes_the_identity_settings_and_leaves_out_unless_values():
             "steps": 5, "checkpoint_freq": 2}
     by_hand = {"dataset": "ColoredMNIST", "algorithm": "ERM", "test_envs": [2], "hparams": {}, "hparams_seed": 0,
                "trial_seed": 0, "steps": 5, "checkpoint_freq": 2, "holdout_fraction": 0.2, "precision": "fp32"}
-    md5 = hashlib.md5(json.dumps(by_hand, sort_keys=True).encode()).hexdigest()
-    assert build_jobs(parse_spec(data))[0].job_id == md5
+    paired = hashlib.md5(json.dumps(by_hand, sort_keys=True).encode()).hexdigest()  # protocol left out at paired
+    assert build_jobs(parse_spec({**data, "protocol": "paired"}))[0].job_id == paired
     domainbed = hashlib.md5(json.dumps({**by_hand, "protocol": "domainbed"}, sort_keys=True).encode()).hexdigest()
     assert build_jobs(parse_spec({**data, "protocol": "domainbed"}))[0].job_id == domainbed
+    assert build_jobs(parse_spec(data))[0].job_id == domainbed  # the default where DomainBed has ERM and the data
     assert {s.name for s in SETTINGS if s.info.identity == UNLESS} == {
         "in_domain_test", "eval_splits", "train_in_every", "protocol"}
     assert {s.name for s in SETTINGS if s.info.identity == NEVER} == {
@@ -124,8 +127,8 @@ def test_a_0_2_0_sweep_collects_to_the_tables_it_gave_then(tmp_path, capsys, fmt
 
 def test_relaunching_a_0_2_0_sweep_runs_nothing(tmp_path, capsys):
     sweep = shutil.copytree(FIXTURE / "sweep", tmp_path / "sweep")
-    assert {job.job_id for job in build_jobs(load_spec(FIXTURE / "sweep.toml"))} == {
-        p.name for p in sweep.iterdir() if p.is_dir()}
+    recorded = json.loads((sweep / "sweep.json").read_text())
+    assert {job.job_id for job in build_jobs(parse_spec(recorded))} == {p.name for p in sweep.iterdir() if p.is_dir()}
     code, out, _ = cli(capsys, "sweep", "launch", "--spec", str(FIXTURE / "sweep.toml"), "--output_dir", str(sweep),
                        "--data_dir", "embedded", "--launcher", "local", "--no_progress", "--yes")
     assert code == 0 and "48 jobs: 48 done" in out and "nothing to launch" in out
@@ -145,10 +148,10 @@ def test_a_run_interrupted_under_0_2_0_resumes_to_the_records_of_an_uninterrupte
 
 def test_a_spent_time_budget_stops_at_a_checkpoint_with_the_requeue_status_and_resumes_exactly(tmp_path, capsys):
     run = tmp_path / "run"
-    code, out, _ = cli(capsys, "train", *FIXTURE_RUN, "--output_dir", str(run), "--time_budget", "1e-9")
+    code, out, _ = cli(capsys, "train", *NEW_RUN, "--output_dir", str(run), "--time_budget", "1e-9")
     assert code == REQUEUE_EXIT_STATUS and "time budget of 1e-09 min reached" in out
     assert [r["step"] for r in records(run)] == [0] and not (run / "done").exists() and not (run / "failed").exists()
-    assert cli(capsys, "train", *FIXTURE_RUN, "--output_dir", str(run))[0] == 0
+    assert cli(capsys, "train", *FIXTURE_RUN, "--output_dir", str(run))[0] == 0  # it keeps its protocol
     assert records(run) == records(FIXTURE / "straight")
 
 
@@ -157,9 +160,9 @@ def test_a_sweep_with_a_spent_time_budget_exits_with_the_requeue_status_and_a_re
     launch = ["sweep", "launch", "--spec", str(FIXTURE / "sweep.toml"), "--output_dir", str(sweep), "--data_dir",
               "embedded", "--launcher", "local", "--no_progress", "--yes", "--algorithms", "ERM", "--n_hparams", "1",
               "--n_trials", "1"]
-    code, out, _ = cli(capsys, *launch, "--time_budget", "1e-9")
+    code, out, _ = cli(capsys, *launch, "--protocol", "paired", "--time_budget", "1e-9")  # the fixture's protocol
     assert code == REQUEUE_EXIT_STATUS and "6 incomplete" in out and "stopped at their time budget" in out
-    code, out, _ = cli(capsys, *launch)
+    code, out, _ = cli(capsys, *launch)  # a relaunch keeps the recorded protocol
     assert code == 0 and "6 incomplete (to resume)" in out and "6 done" in out
     for job in build_jobs(parse_spec({**json.loads((sweep / "sweep.json").read_text())})):
         assert records(sweep / job.job_id) == records(FIXTURE / "sweep" / job.job_id)

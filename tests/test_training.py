@@ -28,6 +28,7 @@ def config(out, **kw) -> TrainConfig:
         hparams=dict(FAST_HPARAMS),
         steps=9,
         checkpoint_freq=3,
+        protocol="paired",  # environments built once: these tests rebuild them to check the records
     )
     base.update(kw)
     return TrainConfig(**base)

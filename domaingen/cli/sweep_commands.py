@@ -30,7 +30,7 @@ from domaingen.sweep.spec import (
     build_jobs,
     delete_incomplete,
     job_states,
-    load_spec,
+    read_spec_data,
     parse_spec,
     select_parts,
     prepare_sweep_dir,
@@ -54,8 +54,10 @@ def spec_from_args(ns: argparse.Namespace):
         data = {k: v for k, v in recorded.items() if v is not None}
         source = f"{ns.output_dir}/sweep.json"
     elif ns.spec:
-        spec = load_spec(ns.spec)
-        data = {k: v for k, v in spec.canonical().items() if v is not None}
+        written = read_spec_data(ns.spec)
+        data = {k: v for k, v in parse_spec(written, ns.spec).canonical().items() if v is not None}
+        if "protocol" not in written:  # the default: the recorded sweep's, else the one its runs call for
+            data["protocol"] = recorded["protocol"] if recorded is not None else None
         source = ns.spec
     if getattr(ns, "parts", None):
         if not ns.spec:  # the numbers name the spec file's parts; a recorded sweep holds only those chosen

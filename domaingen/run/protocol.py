@@ -1,6 +1,10 @@
 """Protocols: which experiment a run belongs to (`--protocol`, the spec key `protocol`).
 
-`paired` (the default) is domaingen's experiment: a hyperparameter draw depends on
+When none is asked for, a run or sweep follows `domainbed` where DomainBed has its
+algorithm and dataset (every one of a sweep's), else `paired` (`default_protocol`); a run
+or sweep recorded without a protocol was `paired` (`RECORDED_DEFAULT`).
+
+`paired` is domaingen's experiment for paired comparisons: a hyperparameter draw depends on
 (dataset, hparams_seed, name), so the trials of a draw share its values and two
 algorithms share the values of the names they have in common; MNIST environments are
 built once from a fixed dataset seed; validation splits are evaluated with the plain
@@ -30,7 +34,7 @@ any other is refused before a run writes anything (run it under `paired`).
 from __future__ import annotations
 
 import hashlib
-from typing import Any, Mapping, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
@@ -40,7 +44,8 @@ from domaingen.hparams import HParam, HParamError
 PAIRED = "paired"
 DOMAINBED = "domainbed"
 PROTOCOLS = (PAIRED, DOMAINBED)
-DEFAULT_PROTOCOL = PAIRED
+# the protocol of a run or sweep recorded without one (written before protocols were recorded)
+RECORDED_DEFAULT = PAIRED
 
 # What a table's footnote says about the protocol its runs followed.
 PROTOCOL_NOTES = {
@@ -127,6 +132,18 @@ def check_domainbed_problem(algorithm: str, dataset: str) -> None:
     if dataset not in DOMAINBED_DATASETS:
         raise ProtocolError(
             f"--protocol domainbed: DomainBed has no dataset {dataset!r}; run it with --protocol paired")
+
+
+def covered_by_domainbed(algorithm: str, dataset: str) -> bool:
+    """Whether DomainBed has both the algorithm and the dataset (its experiment is defined there)."""
+    return algorithm in DOMAINBED_ALGORITHMS and dataset in DOMAINBED_DATASETS
+
+
+def default_protocol(problems: Iterable[tuple[str, str]]) -> str:
+    """The protocol when none is asked for: DomainBed's experiment where DomainBed has every
+    (algorithm, dataset) of the run or sweep, else paired (one protocol per sweep directory)."""
+    problems = list(problems)
+    return DOMAINBED if problems and all(covered_by_domainbed(a, d) for a, d in problems) else PAIRED
 
 
 def domainbed_seed_hash(*parts: Any) -> int:

@@ -22,6 +22,7 @@ from domaingen.run.evaluation import evaluate, training_domains
 from domaingen.devices import place_model, resolve_device
 from domaingen.plugins import load_plugins
 from domaingen.run.precision import resolve_precision
+from domaingen.run.protocol import RECORDED_DEFAULT
 from domaingen.run.rundir import RunDirectory
 from domaingen.run.training import TrainConfig, resolve
 
@@ -85,6 +86,7 @@ def _config_from_args(args: Mapping[str, Any], data_dir: str | None) -> TrainCon
     fields = {f.name for f in dataclasses.fields(TrainConfig)}
     kwargs = {k: v for k, v in args.items() if k in fields}
     kwargs["data_dir"] = data_dir or args.get("data_dir")
+    kwargs["protocol"] = args.get("protocol") or RECORDED_DEFAULT
     kwargs["compile_eval"] = False
     kwargs["device"] = "auto"
     return TrainConfig(**kwargs)

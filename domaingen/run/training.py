@@ -48,12 +48,13 @@ from domaingen.run.precision import PRECISIONS, REQUESTED_PRECISIONS, bf16_emula
 from domaingen.run.loggers import LOGGERS, RunLoggers, check_logger_names
 from domaingen.run.manifest import build_manifest, record_manifest, used_libraries
 from domaingen.run.protocol import (
-    DEFAULT_PROTOCOL,
     DOMAINBED,
     PAIRED,
     PROTOCOLS,
+    RECORDED_DEFAULT,
     check_domainbed_problem,
     check_protocol,
+    default_protocol,
     domainbed_run_seed,
     draw_domainbed_hparams,
 )
@@ -199,11 +200,13 @@ class TrainConfig:
         help="also send each checkpoint's losses, accuracies, step time, memory and diagnostics to tensorboard "
              "(RUN_DIR/tensorboard) and/or wandb (offline without a network); the extras of the same names install "
              "them; never changes a record or fails a run")
-    protocol: str = setting(
-        DEFAULT_PROTOCOL, kind=TEXT, sweep=True, identity=UNLESS, id_unless=PAIRED, choices=lambda: PROTOCOLS,
-        help="paired (default): a draw's trials share its hyperparameters and the environments; domainbed: "
-             "DomainBed's experiment (a new draw per trial, MNIST environments rebuilt per run, image validation "
-             "splits augmented); see domaingen.run.protocol")
+    protocol: str | None = setting(
+        None, kind=TEXT, optional=True, sweep=True, identity=UNLESS, id_unless=PAIRED, choices=lambda: PROTOCOLS,
+        help="domainbed: DomainBed's experiment (a new hyperparameter draw per trial, MNIST environments rebuilt per "
+             "run, image validation splits augmented); paired: a draw's trials share its hyperparameters and the "
+             "environments, for paired comparisons; default: domainbed where DomainBed has the algorithm and the "
+             "dataset (every one of a sweep's), else paired; a resumed run or relaunched sweep keeps its own; see "
+             "domaingen.run.protocol")
     time_budget: float | None = setting(
         None, kind=FLOAT, optional=True, identity=NEVER, recorded=False, launch=True, check=_budget, metavar="MINUTES",
         help="stop at the last checkpoint before this many minutes of wall-clock time would pass, keep it, and "
@@ -287,6 +290,8 @@ def resolve(config: TrainConfig) -> ResolvedRun:
     config = canonical_names(config)
     dataset_cls = DATASETS.get(config.dataset)
     algorithm_cls = ALGORITHMS.get(config.algorithm)
+    if config.protocol is None:
+        config = dataclasses.replace(config, protocol=default_protocol([(config.algorithm, config.dataset)]))
     protocol = check_protocol(config.protocol)
     if protocol == DOMAINBED:
         check_domainbed_problem(config.algorithm, config.dataset)
@@ -349,7 +354,7 @@ def _check_protocol(run: ResolvedRun, stored: Mapping[str, Any] | None) -> None:
     """A run resumes under the protocol it started with (a run recorded without one was `paired`)."""
     if stored is None:
         return
-    started = stored.get("protocol", PAIRED)
+    started = stored.get("protocol", RECORDED_DEFAULT)
     if started != run.settings.protocol:
         raise RunDirectoryError(
             f"{run.settings.output_dir} holds a run of protocol {started!r}, not {run.settings.protocol!r}; "
@@ -426,9 +431,11 @@ def train(config: TrainConfig, dataset_cache: DatasetCache | None = None) -> Run
     budget = Budget(config.time_budget)
     load_plugins(config.plugins)
     config = canonical_names(config)
-    run = resolve(config)
     rundir = RunDirectory(config.output_dir)
     stored = rundir.read_args()
+    if config.protocol is None and stored is not None:  # a resumed run keeps the protocol it started with
+        config = dataclasses.replace(config, protocol=stored.get("protocol", RECORDED_DEFAULT))
+    run = resolve(config)
     run = _keep_eval_splits(run, config, stored)
     _check_protocol(run, stored)
     rundir.check_identity(run.identity(), [k for k in run.identity() if k not in OWN_CHECKS])

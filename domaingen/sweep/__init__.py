@@ -22,10 +22,11 @@ a relaunch (with the same `--parts`) and `collect` see nothing of the others (e.
 `--spec sweeps/modreg_table1.toml --parts 2` is its MLP R-MNIST rows alone). Each job's directory is a hash of its arguments: relaunching skips
 done jobs, resumes incomplete ones and leaves failed ones alone unless
 `--retry_failed`. A sweep directory records its spec and refuses another one
-unless `--force`. `protocol` (`--protocol`; default `paired`) chooses the experiment
+unless `--force`. `protocol` (`--protocol`) chooses the experiment
 (domaingen.run.protocol): `domainbed` is DomainBed's (a new hyperparameter draw per trial,
 DomainBed's run seeds, MNIST environments rebuilt per run, image validation splits
-augmented), for the algorithms and datasets DomainBed has; `sweeps/domainbed_mnist.toml` is
+augmented), the default when DomainBed has every algorithm and dataset of the spec, else
+`paired`; a relaunch keeps the protocol its directory records; `sweeps/domainbed_mnist.toml` is
 its MNIST sweep. Only a `domainbed` job's id includes the protocol, so a paired job's id
 is the same whether or not its spec names it; a sweep directory whose recorded spec names
 no protocol holds paired jobs. A sweep directory holds one protocol, and a relaunch under

@@ -30,7 +30,7 @@ from domaingen.plugins import load_plugins, merge_specs
 from domaingen.run.runlock import is_locked
 from domaingen.run.rundir import DONE_STATE, FAILED_STATE, INCOMPLETE, NOT_LAUNCHED, RunDirectory, atomic_write_bytes
 from domaingen.hparams import apply_overrides, parse_overrides, run_space
-from domaingen.run.protocol import DOMAINBED, PAIRED, check_domainbed_problem
+from domaingen.run.protocol import DOMAINBED, RECORDED_DEFAULT, check_domainbed_problem, default_protocol
 from domaingen.run.settings import (
     BOOL,
     INT,
@@ -43,7 +43,6 @@ from domaingen.run.settings import (
     declared,
     environment_token,
     job_identity,
-    left_out_of_id,
     setting,
 )
 from domaingen.run.training import SETTINGS, SWEEP_SETTINGS, TrainConfig
@@ -141,6 +140,8 @@ def parse_spec(data: Mapping[str, Any], source: str = "spec") -> SweepSpec:
     if data.get("plugins") is not None:
         _check(data, "plugins", source)
         load_plugins(data["plugins"])  # before the names below are checked: plugins register them
+    if data.get("protocol") is None:
+        data = {**data, "protocol": default_protocol(_problems(data))}
     if data.get("parts"):
         return _parse_parts(data, source)
     for key in ("algorithms", "datasets"):
@@ -176,6 +177,23 @@ def parse_spec(data: Mapping[str, Any], source: str = "spec") -> SweepSpec:
 
 
 _SPEC_SETTING = {item.name: item for item in SPEC_SETTINGS}
+
+
+def _problems(data: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """Every (algorithm, dataset) the spec and its parts run, with names as registered (an unknown name
+    is left as written: its own check names it)."""
+    def names(table, values) -> list[str]:
+        out = []
+        for name in values if isinstance(values, list) else []:
+            try:
+                out.append(table.canonical(str(name)))
+            except DomaingenError:
+                out.append(str(name))
+        return out
+
+    scopes = [{**data, **part} for part in data.get("parts") or [] if isinstance(part, dict)] or [data]
+    return [(a, d) for scope in scopes for a in names(ALGORITHMS, scope.get("algorithms"))
+            for d in names(DATASETS, scope.get("datasets"))]
 
 
 def _check(data: Mapping[str, Any], key: str, source: str) -> None:
@@ -240,16 +258,20 @@ def _check_overrides(spec: SweepSpec, source: str) -> None:
                 raise SpecError(f"{source}: {exc}") from None
 
 
-def load_spec(path: str | os.PathLike) -> SweepSpec:
-    """Read and validate a TOML sweep spec."""
+def read_spec_data(path: str | os.PathLike) -> dict[str, Any]:
+    """The keys of a TOML sweep spec as written (not validated)."""
     try:
         with open(path, "rb") as f:
-            data = tomllib.load(f)
+            return tomllib.load(f)
     except FileNotFoundError:
         raise SpecError(f"sweep spec {path} not found") from None
     except tomllib.TOMLDecodeError as exc:
         raise SpecError(f"sweep spec {path} is not valid TOML: {exc}") from None
-    return parse_spec(data, str(path))
+
+
+def load_spec(path: str | os.PathLike) -> SweepSpec:
+    """Read and validate a TOML sweep spec."""
+    return parse_spec(read_spec_data(path), str(path))
 
 
 @dataclass(frozen=True)
@@ -318,9 +340,9 @@ def build_jobs(spec: SweepSpec) -> list[Job]:
         unique = list({job.job_id: job for job in jobs}.values())
         return unique
     jobs = []
-    # the run settings every job shares, less those a job's id leaves out at their value
-    shared = {item.name: getattr(spec, item.name) for item in SWEEP_SETTINGS
-              if not left_out_of_id(item, getattr(spec, item.name))}
+    # the run settings every job shares (those left unset, None, take the run's default); the job's id
+    # leaves some out at one value (job_id)
+    shared = {item.name: getattr(spec, item.name) for item in SWEEP_SETTINGS if getattr(spec, item.name) is not None}
     shared["plugins"] = list(spec.plugins)
     for dataset in spec.datasets:
         cls = DATASETS.get(dataset)
@@ -378,9 +400,9 @@ def prepare_sweep_dir(sweep_dir: str | os.PathLike, spec: SweepSpec, force: bool
     if not os.access(path, os.W_OK):
         raise DomaingenError(f"output_dir {path} is not writable; choose another --output_dir")
     recorded = read_recorded_spec(path)
-    if recorded is not None:
-        recorded.setdefault("protocol", PAIRED)  # a sweep.json that names no protocol records a paired sweep
     wanted = spec.canonical()
+    if wanted.get("protocol") is None:  # a SweepSpec made without parse_spec: the default protocol
+        wanted["protocol"] = default_protocol(_problems(wanted))
     if recorded is not None and recorded["protocol"] != wanted["protocol"]:
         raise DomaingenError(
             f"{path} holds a sweep of protocol {recorded['protocol']!r}, not {wanted['protocol']!r}; "
@@ -401,11 +423,14 @@ def prepare_sweep_dir(sweep_dir: str | os.PathLike, spec: SweepSpec, force: bool
 
 
 def read_recorded_spec(sweep_dir: str | os.PathLike) -> dict[str, Any] | None:
-    """The spec a sweep directory was launched with, if any."""
+    """The spec a sweep directory was launched with, if any (one that names no protocol was paired)."""
     try:
-        return json.loads((Path(sweep_dir) / SPEC_FILE).read_text())
+        recorded = json.loads((Path(sweep_dir) / SPEC_FILE).read_text())
     except (OSError, json.JSONDecodeError):  # absent, unreadable, or a path through a file
         return None
+    if isinstance(recorded, dict) and recorded.get("protocol") is None:
+        recorded["protocol"] = RECORDED_DEFAULT
+    return recorded
 
 
 def delete_incomplete(jobs: Sequence[Job], sweep_dir: str | os.PathLike) -> list[Job]:

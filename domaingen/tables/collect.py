@@ -25,7 +25,7 @@ from domaingen.datasets import DATASETS
 from domaingen.errors import DomaingenError
 from domaingen.networks import describe_backbone
 from domaingen.run.manifest import read_manifest
-from domaingen.run.protocol import DEFAULT_PROTOCOL, DOMAINBED, check_protocol
+from domaingen.run.protocol import DOMAINBED, RECORDED_DEFAULT, check_protocol
 from domaingen.run.rundir import DONE, FAILED, RESULTS, read_jsonl
 
 log = logging.getLogger(__name__)
@@ -47,7 +47,7 @@ class Collection:
     runs: pd.DataFrame = field(default_factory=pd.DataFrame)  # one row per run dir, with its state
     manifests: dict[str, dict | None] = field(default_factory=dict)  # done run -> its manifest.json (None: none)
     bundle: dict | None = None  # the bundle.json when read from a bundle (tables.export)
-    protocol: str = DEFAULT_PROTOCOL  # the protocol every record followed
+    protocol: str = RECORDED_DEFAULT  # the protocol every record followed
     # records of done runs left out, so tables can say so: (the file, how many, which and why)
     skipped: list[tuple[str, int, str]] = field(default_factory=list)
 
@@ -60,7 +60,7 @@ def run_protocol(args: dict) -> str:
     """The protocol a run followed, from its recorded arguments."""
     if "protocol" in args:
         return str(args["protocol"])
-    return DOMAINBED if any(key in args for key in DOMAINBED_ONLY_ARGS) else DEFAULT_PROTOCOL
+    return DOMAINBED if any(key in args for key in DOMAINBED_ONLY_ARGS) else RECORDED_DEFAULT
 
 
 def _run_dirs(input_dir: Path) -> list[Path]:
