@@ -94,3 +94,128 @@ def test_iqm_and_its_bootstrap():
     mean = stratified_bootstrap(runs, lambda s: float(np.mean(s)), reps=2000)
     assert mean.estimate == pytest.approx(2.4) and mean.low < 2.4 < mean.high
     assert mean.low >= 2.0 and mean.high <= 2.8  # the extremes: a's four draws all 0 or all 1
+
+
+# ---- the collect views on a tiny sweep ----
+
+import io  # noqa: E402
+import json  # noqa: E402
+
+from domaingen.cli.main import main  # noqa: E402
+from domaingen.run.rundir import to_json  # noqa: E402
+from test_selection import rec  # noqa: E402
+
+# test accuracy of env 0 per (dataset, algorithm), one value per trial: training-domain validation picks step 1
+SCORES = {
+    "ToyA": {"ERM": [0.50, 0.60, 0.70], "IRM": [0.40, 0.50, 0.45], "Mixup": [0.55, 0.65, 0.60]},
+    "ToyB": {"ERM": [0.80, 0.70, 0.75], "IRM": [0.85, 0.80, 0.90], "Mixup": [0.60, 0.65, 0.70]},
+    "ToyC": {"ERM": [0.30, 0.35, 0.40], "IRM": [0.20, 0.25, 0.30], "Mixup": [0.31, 0.36, 0.50]},
+}
+
+
+def write_datasets(root, scores=SCORES) -> str:
+    """A sweep of one held-out environment (env 0) per dataset; each run has steps 0 and 1, step 1 validating best."""
+    for dataset, by_algorithm in scores.items():
+        for algorithm, tests in by_algorithm.items():
+            for trial, test in enumerate(tests):
+                run = root / f"{dataset}_{algorithm}_{trial}"
+                run.mkdir(parents=True)
+                args = {"dataset": dataset, "algorithm": algorithm, "test_envs": [0], "hparams_seed": 0,
+                        "trial_seed": trial, "output_dir": str(run)}
+                lines = []
+                for step in (0, 1):
+                    row = rec(algorithm, [0], 0, trial, step, [test if step else 0.1, .9, .9], [.5, .6 + step / 10, .6 + step / 10])
+                    lines.append(to_json({**{k: v for k, v in row.items() if k.startswith("env") or k == "step"},
+                                          "args": args, "hparams": {}, "data_source": "toy"}))
+                (run / "results.jsonl").write_text("\n".join(lines) + "\n")
+                (run / "args.json").write_text(json.dumps(args))
+                (run / "done").write_text("{}")
+    return str(root)
+
+
+def run_collect(capsys, *argv: str) -> str:
+    capsys.readouterr()
+    assert main(["-q", "collect", *argv]) == 0
+    return capsys.readouterr().out
+
+
+def refused(capsys, *argv: str) -> str:
+    capsys.readouterr()
+    assert main(["collect", *argv]) == 2
+    return capsys.readouterr().err.strip().splitlines()[-1]
+
+
+def test_ranks_view_in_three_formats(tmp_path, capsys):
+    sweep = write_datasets(tmp_path / "s")
+    means = pd.DataFrame({a: [np.mean(SCORES[d][a]) for d in SCORES] for a in ("ERM", "IRM", "Mixup")}, index=list(SCORES))
+    expected = friedman_nemenyi(means)
+    # by hand: ToyA Mixup 1, ERM 2, IRM 3; ToyB IRM 1, ERM 2, Mixup 3; ToyC Mixup 1, ERM 2, IRM 3
+    assert expected.ranks.tolist() == pytest.approx([2.0, 7 / 3, 5 / 3])
+    csv = pd.read_csv(io.StringIO(run_collect(capsys, "ranks", "--input_dir", sweep, "--selection", "training",
+                                              "--format", "csv")))
+    assert csv["algorithm"].tolist() == ["Mixup", "ERM", "IRM"]
+    assert csv["average rank"].tolist() == pytest.approx([5 / 3, 2.0, 7 / 3])
+    assert csv["ToyB rank"].tolist() == [3.0, 2.0, 1.0]
+    assert csv["ToyA acc"].tolist() == pytest.approx([60.0, 60.0, 45.0])
+    assert f"CD = {expected.critical_difference:.3f}" in csv["notes"][0]
+    markdown = run_collect(capsys, "ranks", "--input_dir", sweep, "--selection", "training")
+    assert "| Mixup       | 60.0       | 1.00        |" in markdown
+    assert f"chi2_F = {expected.chi2:.3f}" in markdown and "Nemenyi critical difference" in markdown
+    latex = run_collect(capsys, "ranks", "--input_dir", sweep, "--selection", "training", "--format", "latex")
+    assert r"Mixup & 60.0 & 1.00" in latex and r"\begin{tabular}" in latex
+
+
+def test_intervals_view_in_three_formats(tmp_path, capsys):
+    sweep = write_datasets(tmp_path / "s")
+    csv = pd.read_csv(io.StringIO(run_collect(capsys, "intervals", "--input_dir", sweep, "--selection", "training",
+                                              "--format", "csv", "--reps", "500")))
+    erm = csv.set_index("algorithm").loc["ERM"]
+    pooled = np.concatenate([SCORES[d]["ERM"] for d in SCORES])
+    assert erm["runs"] == 9 and erm["mean"] == pytest.approx(100 * pooled.mean())
+    assert erm["IQM"] == pytest.approx(100 * stats.trim_mean(pooled, 0.25))
+    assert erm["mean low"] <= erm["mean"] <= erm["mean high"]
+    again = stratified_bootstrap({d: SCORES[d]["ERM"] for d in SCORES}, iqm, reps=500)
+    assert (erm["IQM low"], erm["IQM high"]) == pytest.approx((100 * again.low, 100 * again.high))
+    markdown = run_collect(capsys, "intervals", "--input_dir", sweep, "--selection", "training", "--reps", "500")
+    assert f"| ERM         | 9      | {100 * pooled.mean():.1f} [{erm['mean low']:.1f}, {erm['mean high']:.1f}]" in markdown
+    latex = run_collect(capsys, "intervals", "--input_dir", sweep, "--selection", "training", "--format", "latex",
+                        "--reps", "500")
+    assert f"ERM & 9 & {100 * pooled.mean():.1f} [{erm['mean low']:.1f}, {erm['mean high']:.1f}]" in latex
+
+
+def test_one_dataset_gives_one_line(tmp_path, capsys):
+    sweep = write_datasets(tmp_path / "s", {"ToyA": SCORES["ToyA"]})
+    for view in ("ranks", "intervals"):
+        assert refused(capsys, view, "--input_dir", sweep, "--selection", "training") == (
+            f"domaingen: error: collect {view} compares algorithms over datasets and needs two or more; these runs "
+            "have 1: ToyA (collect tables compares within one)")
+
+
+def test_baseline_test_in_every_cell(tmp_path, capsys):
+    sweep = write_datasets(tmp_path / "s")
+    csv = pd.read_csv(io.StringIO(run_collect(capsys, "--input_dir", sweep, "--selection", "training",
+                                              "--baseline", "ERM", "--format", "csv")))
+    paired = csv[csv["table"] == "paired"]
+    assert sorted(set(paired["algorithm"])) == ["IRM − ERM", "Mixup − ERM"]
+    toy_a = paired[paired["dataset"] == "ToyA"].set_index("algorithm")
+    d = np.subtract(SCORES["ToyA"]["IRM"], SCORES["ToyA"]["ERM"])
+    p_irm = stats.ttest_rel(SCORES["ToyA"]["IRM"], SCORES["ToyA"]["ERM"]).pvalue
+    p_mixup = stats.ttest_rel(SCORES["ToyA"]["Mixup"], SCORES["ToyA"]["ERM"]).pvalue
+    assert toy_a.loc["IRM − ERM", "mean"] == pytest.approx(d.mean())
+    assert toy_a.loc["IRM − ERM", "test"] == "t" and toy_a.loc["IRM − ERM", "p_value"] == pytest.approx(p_irm)
+    # Holm over the table's two tests
+    assert toy_a["p_holm"].tolist() == pytest.approx(holm([p_irm, p_mixup]))
+    markdown = run_collect(capsys, "--input_dir", sweep, "--selection", "training", "--baseline", "ERM")
+    assert f"p={holm([p_irm, p_mixup])[0]:.2g} (t)" in markdown
+    latex = run_collect(capsys, "--input_dir", sweep, "--selection", "training", "--baseline", "ERM",
+                        "--format", "latex")
+    assert f"p={holm([p_irm, p_mixup])[0]:.2g} (t)" in latex and "Holm-adjusted" in latex
+    assert refused(capsys, "--input_dir", sweep, "--baseline", "CORAL") == (
+        "domaingen: error: --baseline CORAL is in no table; the tables have: ERM, IRM, Mixup")
+
+
+def test_one_paired_trial_says_why_in_a_footnote(tmp_path, capsys):
+    sweep = write_datasets(tmp_path / "s", {"ToyA": {"ERM": [0.5, 0.6], "IRM": [0.4]}})
+    markdown = run_collect(capsys, "--input_dir", sweep, "--selection", "training", "--paired", "IRM:ERM")
+    assert "| IRM − ERM   | -10.0 [1] |" in markdown
+    assert "[1] no test: 1 paired trial, a paired test needs 2 or more." in markdown

@@ -61,13 +61,16 @@ def paired_test(differences: Sequence[float]) -> PairedTest:
     if n < 2:
         return PairedTest("", math.nan, math.nan, n, f"no test: {n} paired trial{'' if n == 1 else 's'}, a paired "
                                                       "test needs 2 or more")
+    # differences of accuracies equal up to rounding (0.3 - 0.2 against 0.4 - 0.3) count as equal
+    tolerance = 1e-12 * max(1.0, float(np.abs(d).max()))
+    d = np.where(np.abs(d) <= tolerance, 0.0, d)
     if np.all(d == 0):
         return PairedTest("", math.nan, math.nan, n, f"no test: all {n} paired differences are 0")
     if n >= WILCOXON_MIN_N:
         # zsplit: a zero difference's rank counts half for each sign (Demšar 2006, Section 3.1.3)
         result = stats.wilcoxon(d, zero_method="zsplit", method="exact" if np.all(d != 0) else "auto")
         return PairedTest("wilcoxon", float(result.statistic), float(result.pvalue), n)
-    if np.ptp(d) == 0:
+    if np.ptp(d) <= tolerance:
         return PairedTest("", math.nan, math.nan, n, f"no test: all {n} paired differences are equal, "
                                                       "no spread for a t-test")
     result = stats.ttest_1samp(d, 0.0)
