@@ -219,3 +219,17 @@ def test_one_paired_trial_says_why_in_a_footnote(tmp_path, capsys):
     markdown = run_collect(capsys, "--input_dir", sweep, "--selection", "training", "--paired", "IRM:ERM")
     assert "| IRM − ERM   | -10.0 [1] |" in markdown
     assert "[1] no test: 1 paired trial, a paired test needs 2 or more." in markdown
+
+
+def test_critical_difference_diagram_draws_demsars_ranks():
+    from domaingen.inspect.cd_diagram import critical_difference_figure
+    from domaingen.inspect.report import _Figures
+    from domaingen.tables.across_datasets import Summary
+
+    result = friedman_nemenyi(DEMSAR)
+    spec = critical_difference_figure(Summary("Demšar's Table 6", "demsar", pd.DataFrame(), [], result), _Figures())
+    assert spec.name == "cd_demsar.png"
+    assert list(spec.data["ranks"]) == ["C4.5+m+cf", "C4.5+m", "C4.5+cf", "C4.5"]
+    assert spec.data["critical_difference"] == pytest.approx(1.2536, abs=1e-4)
+    texts = [t.get_text() for t in spec.figure.axes[0].texts]
+    assert "CD = 1.25" in texts and "C4.5+m+cf (1.96)" in texts and "C4.5 (3.14)" in texts
