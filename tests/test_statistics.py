@@ -223,11 +223,12 @@ def test_one_paired_trial_says_why_in_a_footnote(tmp_path, capsys):
 
 def test_critical_difference_diagram_draws_demsars_ranks():
     from domaingen.inspect.cd_diagram import critical_difference_figure
-    from domaingen.inspect.report import _Figures
+    from domaingen.inspect.report import FigureSpec, _Figures
     from domaingen.tables.across_datasets import Summary
 
     result = friedman_nemenyi(DEMSAR)
-    spec = critical_difference_figure(Summary("Demšar's Table 6", "demsar", pd.DataFrame(), [], result), _Figures())
+    spec = FigureSpec(*critical_difference_figure(Summary("Demšar's Table 6", "demsar", pd.DataFrame(), [], result),
+                                                  _Figures()))
     assert spec.name == "cd_demsar.png"
     assert list(spec.data["ranks"]) == ["C4.5+m+cf", "C4.5+m", "C4.5+cf", "C4.5"]
     assert spec.data["critical_difference"] == pytest.approx(1.2536, abs=1e-4)

@@ -15,10 +15,9 @@ from typing import Any
 from domaingen.tables.across_datasets import Summary
 
 
-def critical_difference_figure(summary: Summary, plt, dpi: int = 90):
-    """A FigureSpec (domaingen.inspect.report) of `summary`'s ranks, critical difference and groups."""
-    from domaingen.inspect.report import FigureSpec
-
+def critical_difference_figure(summary: Summary, plt, dpi: int = 90) -> tuple[str, str, Any, dict[str, Any]]:
+    """The file name, caption, matplotlib figure and plotted data of `summary`'s ranks, critical difference
+    and groups (the fields of domaingen.inspect.report's FigureSpec)."""
     result = summary.friedman
     ranks = result.ranks.sort_values(kind="stable")
     k = len(ranks)
@@ -61,4 +60,4 @@ def critical_difference_figure(summary: Summary, plt, dpi: int = 90):
                f"critical difference at alpha {result.alpha:g} (CD = {cd:.3f}); Friedman chi2_F = {result.chi2:.3f}, "
                f"p = {result.p_chi2:.3g}. `domaingen collect ranks` prints the numbers.")
     key = re.sub(r"\W+", "_", summary.key)
-    return FigureSpec(f"cd_{key}.png", caption, fig, data)
+    return f"cd_{key}.png", caption, fig, data

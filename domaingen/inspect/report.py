@@ -893,7 +893,7 @@ def _ranks_html(tables, selection: str, output: Path, plt, keep_figures: bool, f
         [summary] = ranks(tables, [selection])
     except DomaingenError as exc:
         return parts + [f"<p class='missing'>{html.escape(str(exc))}</p>"]
-    spec = critical_difference_figure(summary, plt, DPI)
+    spec = FigureSpec(*critical_difference_figure(summary, plt, DPI))
     figures.append(spec)
     return parts + _figures_html([spec], output, plt, keep_figures)
 
