@@ -888,7 +888,9 @@ def to_csv(tables: Sequence[Table], error: str = "domainbed") -> str:
     candidates all tied; the `note` says it in words) and `error_definition` (what
     `error` is, the same words as the other formats). Rows of published
     numbers (collect --reference) name their `source`, with the ± they print in
-    `published_error` (ours leave both empty).
+    `published_error` (ours leave both empty). Cells of paired differences with a
+    paired test add `test` (wilcoxon or t), `p_value` and `p_holm` (Holm-adjusted
+    over their table's tests).
     """
     rows = []
     for table in tables:
