@@ -8,6 +8,7 @@ import json
 import numpy as np
 import pandas as pd
 import pytest
+from scipy import stats
 
 from domaingen.cli.main import main
 from domaingen.tables.collect import Collection
@@ -54,7 +55,13 @@ def test_paired_differences_match_by_trial_seed(collection):
     assert cell.note == "lower in 1 of 2 trials, higher in 1; 1 unpaired trial(s) left out"
     assert [t["trial_seed"] for t in cell.trace] == [0, 1]
     md = to_markdown(tables + [paired], collection, error="se")
-    assert f"| ERM+ModReg − ERM | {100 * diffs.mean():.1f} ± {100 * np.std(diffs, ddof=1) / np.sqrt(2):.1f} |" in md
+    # two pairs: the paired t-test (one test in the table, so Holm leaves its p)
+    t = diffs.mean() / (np.std(diffs, ddof=1) / np.sqrt(2))
+    p = 2 * stats.t.sf(abs(t), 1)
+    assert cell.test == "t" and cell.p_value == pytest.approx(p) and cell.p_holm == pytest.approx(p)
+    assert (f"| ERM+ModReg − ERM | {100 * diffs.mean():.1f} ± {100 * np.std(diffs, ddof=1) / np.sqrt(2):.1f}"
+            f", p={p:.2g} (t) |") in md
+    assert "Holm-adjusted over the table's 1 test (W: Wilcoxon signed-rank" in paired.title
 
 
 def test_named_pairs_and_their_errors(collection):

@@ -115,7 +115,11 @@ def _tables_arguments(p: argparse.ArgumentParser) -> None:
                         "results/reference_domainbed_mnist.csv")
     p.add_argument("--paired", nargs="*", default=None, metavar="ALGORITHM:BASE",
                    help="also tabulate paired differences of test accuracy, ALGORITHM minus BASE over the trials "
-                        "both have (same trial_seed: the same restart); no pairs given: every X+Y beside its X")
+                        "both have (same trial_seed: the same restart), each cell with a paired test's Holm-adjusted "
+                        "p; no pairs given: every X+Y beside its X")
+    p.add_argument("--baseline", default=None, metavar="ALGORITHM",
+                   help="also tabulate every other algorithm minus this one, paired by trial_seed, as --paired "
+                        "does: each cell with a paired test's Holm-adjusted p")
     _add_fields(p, False, "also tabulate record fields matching these globs (e.g. 'modreg_*_kept_fraction') at "
                           "each trial's selected checkpoint, mean ± error over trials")
     for flag in MOVED:
@@ -126,7 +130,7 @@ def _tables(ns: argparse.Namespace) -> int:
     import pandas as pd
 
     from domaingen.cli.sweep_commands import _collection, _methods, _write
-    from domaingen.tables.comparisons import field_tables, paired_tables, parse_pairs
+    from domaingen.tables.comparisons import baseline_pairs, field_tables, paired_tables, parse_pairs
     from domaingen.tables.reference import read_reference
     from domaingen.tables.reporting import build_tables, to_csv, to_latex, to_markdown
     from domaingen.tables.selection import pair_methods_left_out
@@ -137,6 +141,8 @@ def _tables(ns: argparse.Namespace) -> int:
     collection = _collection(ns.input_dir, ns)
     methods = _methods(collection, ns.selection, collection.bundle)
     tables = build_tables(collection, methods, ns.hparams_choice, reference)
+    if ns.baseline:
+        pairs = (pairs or []) + [pair for pair in baseline_pairs(tables, ns.baseline) if pair not in (pairs or [])]
     derived = paired_tables(tables, pairs) if pairs is not None else []
     derived += field_tables(tables, collection.records, ns.fields) if ns.fields else []
     tables += derived
@@ -252,6 +258,47 @@ def _manifest(ns: argparse.Namespace) -> int:
     return _write(manifest_summary(collection, ns.format), ns.output)
 
 
+def _ranks_arguments(p: argparse.ArgumentParser) -> None:
+    _add_input(p)
+    _add_selection(p)
+    _add_hparams_choice(p)
+    p.add_argument("--alpha", type=float, default=0.05, help="the Nemenyi critical difference's level (default 0.05)")
+
+
+def _ranks(ns: argparse.Namespace) -> int:
+    from domaingen.cli.sweep_commands import _collection, _methods, _write
+    from domaingen.tables.across_datasets import ranks, render
+    from domaingen.tables.reporting import build_tables
+
+    _check_hparams_choice(ns)
+    collection = _collection(ns.input_dir, ns)
+    methods = _methods(collection, ns.selection, collection.bundle)
+    tables = build_tables(collection, methods, ns.hparams_choice)
+    return _write(render(ranks(tables, methods, ns.alpha), ns.format), ns.output)
+
+
+def _intervals_arguments(p: argparse.ArgumentParser) -> None:
+    _add_input(p)
+    _add_selection(p)
+    _add_hparams_choice(p)
+    p.add_argument("--reps", type=int, default=2000, help="bootstrap replicates (default 2000)")
+    p.add_argument("--confidence", type=float, default=0.95, help="the intervals' level (default 0.95)")
+    p.add_argument("--seed", type=int, default=0, help="the bootstrap's random seed (default 0)")
+
+
+def _intervals(ns: argparse.Namespace) -> int:
+    from domaingen.cli.sweep_commands import _collection, _methods, _write
+    from domaingen.tables.across_datasets import intervals, render
+    from domaingen.tables.reporting import build_tables
+
+    _check_hparams_choice(ns)
+    collection = _collection(ns.input_dir, ns)
+    methods = _methods(collection, ns.selection, collection.bundle)
+    tables = build_tables(collection, methods, ns.hparams_choice)
+    summaries = intervals(tables, methods, ns.reps, ns.confidence, ns.seed)
+    return _write(render(summaries, ns.format), ns.output)
+
+
 @dataclass(frozen=True)
 class View:
     """One output of `collect`: its help line, the options it takes, and what prints it."""
@@ -282,6 +329,12 @@ VIEWS: dict[str, View] = {
         "per dataset, algorithm and test env, the mask-by-domain matrices of `evaluate --masks_x_domains` "
         "(DMG's Table 4) of the runs training-domain validation selects, mean ± error over trials",
         _masks_x_domains_arguments, _masks_x_domains),
+    "ranks": View(
+        "per selection method, the algorithms' ranks on each dataset and their average ranks, with Friedman's "
+        "test and the Nemenyi critical difference (Demšar 2006)", _ranks_arguments, _ranks),
+    "intervals": View(
+        "per selection method and algorithm, the mean and the interquartile mean of test accuracy over all runs "
+        "of all datasets, with stratified bootstrap intervals (rliable)", _intervals_arguments, _intervals),
     "manifest": View(
         "each distinct code version, torch version and device of the done runs behind the tables (their "
         "manifest.json), with its number of runs", _manifest_arguments, _manifest),

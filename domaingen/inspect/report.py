@@ -849,6 +849,7 @@ def build_report(sweep_dir: str | Path, output_dir: str | Path, selection: str =
     bar_figures = [accuracy_bars(t, plt) for t in test_tables]
     figures += bar_figures
     parts += _figures_html(bar_figures, output, plt, keep_figures)
+    parts += _ranks_html(tables, selection, output, plt, keep_figures, figures)
     parts += _masks_over_trials_html(collection, root, output, plt, keep_figures, figures)
     run_dirs = {run: root / run if (root / run).is_dir() else root for run in records["run"].unique()}
     overrides = {run: json.dumps(run_overrides(path), sort_keys=True) for run, path in run_dirs.items()}
@@ -880,6 +881,21 @@ def build_report(sweep_dir: str | Path, output_dir: str | Path, selection: str =
     page.write_text(_page(title, parts, {"figures": {f.name: f.data for f in figures}}))
     message = f"wrote {page} ({len(figures)} figures, {len(chosen)} selected runs)"
     return Report(page, figures, message)
+
+
+def _ranks_html(tables, selection: str, output: Path, plt, keep_figures: bool, figures: list[FigureSpec]) -> list[str]:
+    """The critical-difference diagram of `collect ranks` over the datasets, or one line on why there is none."""
+    from domaingen.inspect.cd_diagram import critical_difference_figure
+    from domaingen.tables.across_datasets import ranks
+
+    parts = [f"<h2>Average ranks over datasets ({html.escape(selection_method(selection).description)})</h2>"]
+    try:
+        [summary] = ranks(tables, [selection])
+    except DomaingenError as exc:
+        return parts + [f"<p class='missing'>{html.escape(str(exc))}</p>"]
+    spec = FigureSpec(*critical_difference_figure(summary, plt, DPI))
+    figures.append(spec)
+    return parts + _figures_html([spec], output, plt, keep_figures)
 
 
 def _figures_html(specs: list[FigureSpec], output: Path, plt, keep_figures: bool) -> list[str]:

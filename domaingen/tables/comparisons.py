@@ -4,7 +4,9 @@
   trial. X and X+ModReg share their training seed at a trial (same initial weights,
   same minibatches), so the difference of their selected test accuracies at one
   trial_seed removes the restart's own noise; the cell is the mean ± error over
-  trials of those differences, and says in how many trials A was lower.
+  trials of those differences, says in how many trials A was lower, and gives the
+  Holm-adjusted p of a paired test of the differences (tables.statistics; the title
+  names the test; a cell with fewer than two pairs says in its footnote why it has none).
 - Record fields at the selected checkpoint (`collect --fields GLOB`): any number a
   run records (ModReg's kept fraction per layer, DMG's IoU, a penalty), read from
   the record of each trial's selected run and step, mean ± error over trials.
@@ -23,6 +25,7 @@ import pandas as pd
 
 from domaingen.errors import DomaingenError
 from domaingen.tables.reporting import Cell, Table
+from domaingen.tables.statistics import WILCOXON_MIN_N, holm, paired_test
 
 NOT_FIELDS = {"step", "epoch", "run", "dataset", "algorithm", "test_envs", "hparams_seed", "trial_seed", "hparams",
               "data_source", "base_algorithm"}
@@ -55,8 +58,20 @@ def default_pairs(algorithms: Sequence[str]) -> list[tuple[str, str]]:
     return [(a, a.split("+", 1)[0]) for a in sorted(present) if "+" in a and a.split("+", 1)[0] in present]
 
 
-def paired_cell(a: Cell, b: Cell) -> Cell:
-    """A minus B over the trial_seeds both have a selected run for (trace order: trial_seed)."""
+def baseline_pairs(tables: Sequence[Table], baseline: str) -> list[tuple[str, str]]:
+    """(A, baseline) for every other algorithm A of the test tables (`collect --baseline`); one line
+    listing the algorithms the tables have when `baseline` is none of them."""
+    everywhere = sorted({a for t in _test_tables(tables) for a in t.rows})
+    if baseline not in everywhere:
+        raise DomaingenError(f"--baseline {baseline} is in no table; the tables have: {', '.join(everywhere) or 'none'}")
+    return [(a, baseline) for a in everywhere if a != baseline]
+
+
+def paired_cell(a: Cell, b: Cell, test: bool = False) -> Cell:
+    """A minus B over the trial_seeds both have a selected run for (trace order: trial_seed).
+
+    With `test`, the differences' paired test (statistics.paired_test) fills the cell's test and
+    p_value, or its footnote says why no test could be made; `holm_adjust` fills p_holm."""
     if not a.values or not b.values:
         return Cell(missing="no runs to pair" if not (a.values or b.values) else "one side has no runs")
     by_trial_b = {t["trial_seed"]: (v, t) for v, t in zip(b.values, b.trace)}
@@ -72,7 +87,26 @@ def paired_cell(a: Cell, b: Cell) -> Cell:
     unpaired = len(a.values) + len(b.values) - 2 * len(values)
     note = f"lower in {sum(v < 0 for v in values)} of {len(values)} trials, higher in {sum(v > 0 for v in values)}"
     note += f"; {unpaired} unpaired trial(s) left out" if unpaired else ""
-    return Cell(values, trace=trace, note=note)
+    cell = Cell(values, trace=trace, note=note)
+    if test:
+        result = paired_test(values)
+        cell.test, cell.p_value, cell.footnote = result.test, result.p_value, result.reason
+    return cell
+
+
+def holm_adjust(table: Table) -> int:
+    """Fill p_holm of every tested cell of `table`, Holm-adjusted over all of them; the number of tests."""
+    tested = [c for cells in table.rows.values() for c in cells if c.test]
+    for cell, adjusted in zip(tested, holm([c.p_value for c in tested])):
+        cell.p_holm = adjusted
+    return len(tested)
+
+
+def test_caption(count: int) -> str:
+    """What the p of a paired table's cells is, for its title."""
+    return (f"p: two-sided paired test of the trials' differences, Holm-adjusted over the table's {count} "
+            f"test{'' if count == 1 else 's'} (W: Wilcoxon signed-rank, exact, with {WILCOXON_MIN_N} pairs or more; "
+            f"t: paired t-test with fewer, where the signed-rank test cannot reach p < 0.05); * p < 0.05")
 
 
 def paired_tables(tables: Sequence[Table], pairs: Sequence[tuple[str, str]]) -> list[Table]:
@@ -93,12 +127,15 @@ def paired_tables(tables: Sequence[Table], pairs: Sequence[tuple[str, str]]) -> 
         if not wanted:
             continue
         columns = _env_columns(table)
-        rows = {f"{a} − {b}": [paired_cell(ca, cb) for ca, cb in zip(table.rows[a], table.rows[b])][: len(columns)]
+        rows = {f"{a} − {b}": [paired_cell(ca, cb, test=True) for ca, cb in zip(table.rows[a], table.rows[b])][: len(columns)]
                 for a, b in wanted}
         dataset, method, _ = table.key.split("/")
         title = table.title.replace(": test accuracy,", ": paired differences of test accuracy (same trial_seed),", 1)
-        out.append(Table(title, f"{dataset}/{method}/paired", columns, rows, data_source=table.data_source,
-                         hparams_choice=table.hparams_choice, protocol=table.protocol))
+        paired = Table(title, f"{dataset}/{method}/paired", columns, rows, data_source=table.data_source,
+                       hparams_choice=table.hparams_choice, protocol=table.protocol)
+        count = holm_adjust(paired)
+        paired.title += f"; {test_caption(count)}" if count else ""
+        out.append(paired)
     if not out and not pairs:
         raise DomaingenError("--paired found no composed algorithm X+Y beside its base X; name pairs as ALGORITHM:BASE")
     return out

@@ -81,6 +81,9 @@ class Cell:
     percent: bool = True  # accuracies print as percentages (x100, one decimal); other quantities as they are
     marks: str = ""  # STEP0 and/or TIED (MARKS): how selection chose in some trial
     footnote: str = ""  # a caveat Markdown and LaTeX print as a numbered note under the table (cell_notes)
+    test: str = ""  # a paired test of the values against 0 (statistics.paired_test): "wilcoxon" or "t"
+    p_value: float = math.nan  # its p-value, and adjusted by Holm's method over the table's tests
+    p_holm: float = math.nan
 
     def mark_counts(self) -> tuple[int, int]:
         """(trials whose selected checkpoint is step 0, trials whose candidates all tied)."""
@@ -131,11 +134,19 @@ class Cell:
     def shows_error(self) -> bool:
         return self.error_bar and self.n > 1
 
+    def test_text(self) -> str:
+        """', p=0.031* (W)': the Holm-adjusted p of the cell's paired test, * below 0.05, W for Wilcoxon's
+        signed-rank test and t for the paired t-test ('' without a test)."""
+        if not self.test:
+            return ""
+        star = "*" if self.p_holm < 0.05 else ""
+        return f", p={self.p_holm:.2g}{star} ({'W' if self.test == 'wilcoxon' else 't'})"
+
     def text(self, show_n: bool = False, error: str = "domainbed") -> str:
         if not self.values:
             return f"missing: {self.missing}" if self.missing else "missing"
         mean, spread = self.number_texts(error)
-        body = mean + (f" ± {spread}" if spread else "")
+        body = mean + (f" ± {spread}" if spread else "") + self.test_text()
         body += f" (n={self.n})" if show_n and self.error_bar else ""
         return body + (f" {self.marks}" if self.marks else "")
 
@@ -624,6 +635,7 @@ def _latex_cell(cell: Cell, show_n: bool, error: str = "domainbed", notes: dict[
     mean, spread = cell.number_texts(error)
     text = mean + (rf" $\pm$ {spread}" if spread else "")
     text = {BEST: r"\textbf{%s}", SECOND: r"\underline{%s}"}.get(rank, "%s") % text
+    text += latex_escape(cell.test_text())
     text += f" ({cell.n})" if show_n and cell.error_bar else ""
     return text + "".join(LATEX_MARKS[m] for m in cell.marks) + _note_number(cell, notes or {})
 
@@ -876,7 +888,9 @@ def to_csv(tables: Sequence[Table], error: str = "domainbed") -> str:
     candidates all tied; the `note` says it in words) and `error_definition` (what
     `error` is, the same words as the other formats). Rows of published
     numbers (collect --reference) name their `source`, with the ± they print in
-    `published_error` (ours leave both empty).
+    `published_error` (ours leave both empty). Cells of paired differences with a
+    paired test add `test` (wilcoxon or t), `p_value` and `p_holm` (Holm-adjusted
+    over their table's tests).
     """
     rows = []
     for table in tables:
@@ -910,6 +924,7 @@ def to_csv(tables: Sequence[Table], error: str = "domainbed") -> str:
                         "protocol": table.protocol,
                         "source": "",
                         "published_error": None,
+                        **({"test": cell.test, "p_value": cell.p_value, "p_holm": cell.p_holm} if cell.test else {}),
                     }
                 )
         for (alg, source), cells in table.references.items():
