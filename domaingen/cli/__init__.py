@@ -1,6 +1,6 @@
 """The `domaingen` command: argument parsing and printing only (main.py: the parser, train, list
 and download; sweep_commands.py: sweep, collect and export; inspect_commands.py: evaluate,
-diagnose and report)."""
+diagnose and report; spec_commands.py: spec, the shipped sweep specs)."""
 
 from domaingen.cli.main import main
 

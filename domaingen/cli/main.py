@@ -16,6 +16,7 @@ from tabulate import tabulate
 from domaingen.cli import collect_commands as collect_cli
 from domaingen.cli import domainbed_flags
 from domaingen.cli import inspect_commands as inspect_cli
+from domaingen.cli import spec_commands as spec_cli
 from domaingen.errors import DomaingenError
 
 log = logging.getLogger("domaingen")
@@ -80,6 +81,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_export_parser(sub)
     _add_download_parser(sub)
     inspect_cli.add_parsers(sub)
+    spec_cli.add_parser(sub)
     return parser
 
 
@@ -292,6 +294,7 @@ def cmd_download(ns: argparse.Namespace) -> int:
 COMMANDS = {"train": cmd_train, "list": cmd_list, "sweep": cmd_sweep, "collect": cmd_collect, "export": cmd_export,
             "download": cmd_download}
 COMMANDS.update(inspect_cli.COMMANDS)
+COMMANDS["spec"] = spec_cli.run
 
 # the paths each command writes to (or, for status and delete-incomplete, reads a sweep from),
 # checked before it starts: (command, or "sweep ACTION"), attribute, flag, kind
