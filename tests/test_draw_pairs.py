@@ -119,3 +119,19 @@ def test_draw_pairs_are_refused_in_one_line(tmp_path, capsys):
     assert main(["collect", "--input_dir", str(tmp_path / "s"), "--paired_over", "draws"]) == 2
     assert capsys.readouterr().err.strip().splitlines()[-1].endswith(
         "--paired_over draws says what --paired or --baseline pairs; add one of them")
+
+
+def test_draw_paired_cell_pairs_by_both_seeds():
+    from domaingen.tables.comparisons import paired_cell
+    from domaingen.tables.reporting import Cell
+
+    def cell(values, keys):
+        return Cell(values, trace=[{"hparams_seed": h, "trial_seed": t, "step": 1, "run": f"r{h}{t}"} for h, t in keys])
+
+    a = cell([0.5, 0.7], [(0, 0), (1, 0)])
+    one = paired_cell(a, cell([0.4, 0.9], [(0, 0), (0, 1)]), test=True, over="draws")
+    assert one.values == pytest.approx([0.1]) and one.trace[0]["hparams_seed"] == 0
+    assert one.note == "lower in 0 of 1 pairs, higher in 1; 2 unpaired run(s) left out"
+    assert one.footnote == "no test: 1 pair, a paired test needs 2 or more"
+    none = paired_cell(a, cell([0.4], [(2, 0)]), test=True, over="draws")
+    assert none.missing == "no (hparams_seed, trial_seed) in common"
