@@ -120,6 +120,10 @@ def _tables_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--baseline", default=None, metavar="ALGORITHM",
                    help="also tabulate every other algorithm minus this one, paired by trial_seed, as --paired "
                         "does: each cell with a paired test's Holm-adjusted p")
+    p.add_argument("--paired_over", default="trials", choices=("trials", "draws"),
+                   help="what --paired and --baseline pair: 'trials' (default), each table's selected trials by "
+                        "trial_seed; 'draws', every run of every hparams draw at the checkpoint the selection rule "
+                        "picks within it, by (hparams_seed, trial_seed) (protocol paired only)")
     _add_fields(p, False, "also tabulate record fields matching these globs (e.g. 'modreg_*_kept_fraction') at "
                           "each trial's selected checkpoint, mean ± error over trials")
     for flag in MOVED:
@@ -130,20 +134,24 @@ def _tables(ns: argparse.Namespace) -> int:
     import pandas as pd
 
     from domaingen.cli.sweep_commands import _collection, _methods, _write
-    from domaingen.tables.comparisons import baseline_pairs, field_tables, paired_tables, parse_pairs
+    from domaingen.tables.comparisons import (baseline_pairs, check_paired_over, field_tables, paired_tables,
+                                              parse_pairs)
     from domaingen.tables.reference import read_reference
     from domaingen.tables.reporting import build_tables, to_csv, to_latex, to_markdown
     from domaingen.tables.selection import pair_methods_left_out
 
     _check_hparams_choice(ns)
     pairs = parse_pairs(ns.paired)
+    if ns.paired_over != "trials" and pairs is None and not ns.baseline:
+        raise DomaingenError(f"--paired_over {ns.paired_over} says what --paired or --baseline pairs; add one of them")
     reference = pd.concat([read_reference(f) for f in ns.reference], ignore_index=True) if ns.reference else None
     collection = _collection(ns.input_dir, ns)
+    check_paired_over(ns.paired_over, collection.protocol)
     methods = _methods(collection, ns.selection, collection.bundle)
     tables = build_tables(collection, methods, ns.hparams_choice, reference)
     if ns.baseline:
         pairs = (pairs or []) + [pair for pair in baseline_pairs(tables, ns.baseline) if pair not in (pairs or [])]
-    derived = paired_tables(tables, pairs) if pairs is not None else []
+    derived = paired_tables(tables, pairs, ns.paired_over, collection) if pairs is not None else []
     derived += field_tables(tables, collection.records, ns.fields) if ns.fields else []
     tables += derived
     note = "" if ns.selection or collection.bundle is not None else pair_methods_left_out(_has_pairs(collection))

@@ -7,6 +7,9 @@
   trials of those differences, says in how many trials A was lower, and gives the
   Holm-adjusted p of a paired test of the differences (tables.statistics; the title
   names the test; a cell with fewer than two pairs says in its footnote why it has none).
+  Over hyperparameter draws (`--paired_over draws`, protocol `paired` only, where draw k of
+  A and of B share their common values): every run of every draw, each at the checkpoint
+  the selection method picks within it, paired by (hparams_seed, trial_seed).
 - Record fields at the selected checkpoint (`collect --fields GLOB`): any number a
   run records (ModReg's kept fraction per layer, DMG's IoU, a penalty), read from
   the record of each trial's selected run and step, mean ± error over trials.
@@ -24,7 +27,10 @@ from typing import Sequence
 import pandas as pd
 
 from domaingen.errors import DomaingenError
-from domaingen.tables.reporting import Cell, Table
+from domaingen.run.protocol import DOMAINBED
+from domaingen.tables.collect import Collection, expand_modes, n_environments
+from domaingen.tables.reporting import Cell, Table, environment_names, held_out_environments
+from domaingen.tables.selection import HPARAMS_CHOICE_TITLES, selected_per_run
 from domaingen.tables.statistics import WILCOXON_MIN_N, holm, paired_test
 
 NOT_FIELDS = {"step", "epoch", "run", "dataset", "algorithm", "test_envs", "hparams_seed", "trial_seed", "hparams",
@@ -67,31 +73,71 @@ def baseline_pairs(tables: Sequence[Table], baseline: str) -> list[tuple[str, st
     return [(a, baseline) for a in everywhere if a != baseline]
 
 
-def paired_cell(a: Cell, b: Cell, test: bool = False) -> Cell:
-    """A minus B over the trial_seeds both have a selected run for (trace order: trial_seed).
+PAIRED_OVER = ("trials", "draws")
+# what a pair is under each PAIRED_OVER choice: the trace keys it matches on, and its name in notes
+PAIR_KEYS = {"trials": ("trial_seed",), "draws": ("hparams_seed", "trial_seed")}
+PAIR_NAMES = {"trials": "trials", "draws": "pairs"}
+PAIRED_OVER_CAPTIONS = {"trials": " (same trial_seed)",
+                        "draws": ", paired over hyperparameter draws and trials (same hparams_seed and trial_seed)"}
 
+
+def paired_cell(a: Cell, b: Cell, test: bool = False, over: str = "trials") -> Cell:
+    """A minus B over the pairs both have, in A's trace order.
+
+    `over` "trials": a cell's values are its selected trials, paired by trial_seed; "draws": every
+    run of every hparams draw (draw_cells), paired by (hparams_seed, trial_seed).
     With `test`, the differences' paired test (statistics.paired_test) fills the cell's test and
     p_value, or its footnote says why no test could be made; `holm_adjust` fills p_holm."""
     if not a.values or not b.values:
         return Cell(missing="no runs to pair" if not (a.values or b.values) else "one side has no runs")
-    by_trial_b = {t["trial_seed"]: (v, t) for v, t in zip(b.values, b.trace)}
+    keys = PAIR_KEYS[over]
+    many = PAIR_NAMES[over]
+    by_key_b = {tuple(t[k] for k in keys): (v, t) for v, t in zip(b.values, b.trace)}
     values, trace = [], []
     for value, t in zip(a.values, a.trace):
-        if t["trial_seed"] in by_trial_b:
-            other, u = by_trial_b[t["trial_seed"]]
+        key = tuple(t[k] for k in keys)
+        if key in by_key_b:
+            other, u = by_key_b[key]
             values.append(value - other)
-            trace.append({"trial_seed": t["trial_seed"], "hparams_seed": f"{t['hparams_seed']}-{u['hparams_seed']}",
-                          "step": f"{t['step']}-{u['step']}", "run": f"{t['run']}-{u['run']}"})
+            if over == "trials":
+                trace.append({"trial_seed": t["trial_seed"], "hparams_seed": f"{t['hparams_seed']}-{u['hparams_seed']}",
+                              "step": f"{t['step']}-{u['step']}", "run": f"{t['run']}-{u['run']}"})
+            else:
+                trace.append({"trial_seed": t["trial_seed"], "hparams_seed": t["hparams_seed"],
+                              "step": f"{t['step']}-{u['step']}", "run": f"{t['run']}-{u['run']}"})
     if not values:
-        return Cell(missing="no trial_seed in common")
+        return Cell(missing="no trial_seed in common" if over == "trials" else "no (hparams_seed, trial_seed) in common")
     unpaired = len(a.values) + len(b.values) - 2 * len(values)
-    note = f"lower in {sum(v < 0 for v in values)} of {len(values)} trials, higher in {sum(v > 0 for v in values)}"
-    note += f"; {unpaired} unpaired trial(s) left out" if unpaired else ""
+    note = f"lower in {sum(v < 0 for v in values)} of {len(values)} {many}, higher in {sum(v > 0 for v in values)}"
+    note += f"; {unpaired} unpaired {'trial(s)' if over == 'trials' else 'run(s)'} left out" if unpaired else ""
     cell = Cell(values, trace=trace, note=note)
     if test:
         result = paired_test(values)
-        cell.test, cell.p_value, cell.footnote = result.test, result.p_value, result.reason
+        reason = result.reason.replace(" paired trial", " pair", 1) if over == "draws" else result.reason
+        cell.test, cell.p_value, cell.footnote = result.test, result.p_value, reason
     return cell
+
+
+def draw_cells(collection: Collection, method: str) -> dict[tuple[str, str, str], Cell]:
+    """Per (dataset, algorithm, column of its test table): the test accuracy of every run (every
+    hparams draw and trial) at the checkpoint `method` picks within that run
+    (selection.selected_per_run), in (hparams_seed, trial_seed) order, with a trace naming each
+    run's seeds, step and directory."""
+    records = expand_modes(collection.records)
+    per_run = selected_per_run(records, method)
+    if per_run.empty:
+        return {}
+    per_run = per_run[per_run["test_acc"].notna()]
+    cells = {}
+    for (dataset, algorithm, env), sub in per_run.groupby(["dataset", "algorithm", "test_env"], sort=True):
+        envs = held_out_environments(collection, dataset)
+        # the column names of the dataset's test table (reporting.dataset_tables)
+        names = environment_names(dataset, max(n_environments(records, dataset), envs[-1] + 1))
+        ordered = sub.sort_values(["hparams_seed", "trial_seed"], kind="stable")
+        trace = [{"trial_seed": int(r.trial_seed), "hparams_seed": int(r.hparams_seed), "step": int(r.step),
+                  "run": str(r.run)} for r in ordered.itertuples()]
+        cells[(dataset, algorithm, names[int(env)])] = Cell(ordered["test_acc"].astype(float).tolist(), trace=trace)
+    return cells
 
 
 def holm_adjust(table: Table) -> int:
@@ -102,39 +148,68 @@ def holm_adjust(table: Table) -> int:
     return len(tested)
 
 
-def test_caption(count: int) -> str:
+def test_caption(count: int, over: str = "trials") -> str:
     """What the p of a paired table's cells is, for its title."""
-    return (f"p: two-sided paired test of the trials' differences, Holm-adjusted over the table's {count} "
+    return (f"p: two-sided paired test of the {'trials' if over == 'trials' else 'pairs'}' differences, Holm-adjusted "
+            f"over the table's {count} "
             f"test{'' if count == 1 else 's'} (W: Wilcoxon signed-rank, exact, with {WILCOXON_MIN_N} pairs or more; "
             f"t: paired t-test with fewer, where the signed-rank test cannot reach p < 0.05); * p < 0.05")
 
 
-def paired_tables(tables: Sequence[Table], pairs: Sequence[tuple[str, str]]) -> list[Table]:
+def check_paired_over(over: str, protocol: str) -> None:
+    """One line refusing an unknown `over`, or "draws" under a protocol whose draws are not paired."""
+    if over not in PAIRED_OVER:
+        raise DomaingenError(f"--paired_over is one of {', '.join(PAIRED_OVER)}, not {over!r}")
+    if over == "draws" and protocol == DOMAINBED:
+        raise DomaingenError("--paired_over draws: under protocol domainbed every trial draws its own "
+                             "hyperparameters, so draws do not pair; use --paired_over trials")
+
+
+def paired_tables(tables: Sequence[Table], pairs: Sequence[tuple[str, str]], over: str = "trials",
+                  collection: Collection | None = None) -> list[Table]:
     """Per test table: one row per pair 'A − B', a column per held-out environment.
 
-    With `pairs` empty, every X+Y beside its X (default_pairs). Raises DomaingenError
-    when a named algorithm is in no test table.
+    With `pairs` empty, every X+Y beside its X (default_pairs). `over` "trials": the cells pair the
+    table's selected trials by trial_seed; "draws": every run of every hparams draw of `collection`
+    at the checkpoint the table's selection method picks within it (draw_cells), paired by
+    (hparams_seed, trial_seed), which the `paired` protocol shares between algorithms. Raises
+    DomaingenError when a named algorithm is in no test table.
     """
+    check_paired_over(over, collection.protocol if collection is not None else "")
+    if over == "draws" and collection is None:
+        raise ValueError("paired_tables over draws needs the collection")
     out = []
     named = {name for pair in pairs for name in pair}
     everywhere = {a for t in _test_tables(tables) for a in t.rows}
     unknown = sorted(named - everywhere)
     if unknown:
         raise DomaingenError(f"--paired names {', '.join(unknown)}, which no table has (algorithms: {', '.join(sorted(everywhere))})")
+    by_method: dict[str, dict[tuple[str, str, str], Cell]] = {}
     for table in _test_tables(tables):
         wanted = list(pairs) or default_pairs(list(table.rows))
         wanted = [(a, b) for a, b in wanted if a in table.rows and b in table.rows]
         if not wanted:
             continue
         columns = _env_columns(table)
-        rows = {f"{a} − {b}": [paired_cell(ca, cb, test=True) for ca, cb in zip(table.rows[a], table.rows[b])][: len(columns)]
-                for a, b in wanted}
         dataset, method, _ = table.key.split("/")
-        title = table.title.replace(": test accuracy,", ": paired differences of test accuracy (same trial_seed),", 1)
+        if over == "trials":
+            rows = {f"{a} − {b}": [paired_cell(ca, cb, test=True) for ca, cb in zip(table.rows[a], table.rows[b])][: len(columns)]
+                    for a, b in wanted}
+        else:
+            if method not in by_method:
+                by_method[method] = draw_cells(collection, method)
+            cells = by_method[method]
+            none = Cell(missing="no run")
+            rows = {f"{a} − {b}": [paired_cell(cells.get((dataset, a, c), none), cells.get((dataset, b, c), none),
+                                               test=True, over="draws") for c in columns]
+                    for a, b in wanted}
+        title = table.title.replace(": test accuracy,", f": paired differences of test accuracy{PAIRED_OVER_CAPTIONS[over]},", 1)
+        if over == "draws":  # every draw takes part: no hparams choice applies
+            title = title.replace(f", {HPARAMS_CHOICE_TITLES.get(table.hparams_choice, '')}", "")
         paired = Table(title, f"{dataset}/{method}/paired", columns, rows, data_source=table.data_source,
                        hparams_choice=table.hparams_choice, protocol=table.protocol)
         count = holm_adjust(paired)
-        paired.title += f"; {test_caption(count)}" if count else ""
+        paired.title += f"; {test_caption(count, over)}" if count else ""
         out.append(paired)
     if not out and not pairs:
         raise DomaingenError("--paired found no composed algorithm X+Y beside its base X; name pairs as ALGORITHM:BASE")

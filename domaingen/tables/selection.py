@@ -437,6 +437,21 @@ def _as_method_frame(entry: SelectionMethod, frame: pd.DataFrame) -> pd.DataFram
     return frame[METHOD_COLUMNS]
 
 
+def selected_per_run(records: pd.DataFrame, method: str) -> pd.DataFrame:
+    """Per run (per group of runs, for leave-one-domain-out), the checkpoint `method` picks within
+    it, before any choice between hparams draws: one row per (dataset, algorithm, test_env,
+    hparams_seed, trial_seed) with METHOD_COLUMNS; runs whose pick has no validation accuracy are
+    left out."""
+    entry = SELECTION_METHODS.get(method)
+    per_run = _as_method_frame(entry, entry.select(records))
+    # a checkpoint without a validation accuracy (a test-time mode undefined on the validation
+    # split, e.g. known-domain on the test env under oracle selection) cannot be selected
+    per_run = per_run[per_run["val_acc"].notna()]
+    if per_run.empty:
+        return per_run
+    return per_run.astype({"hparams_seed": int, "trial_seed": int, "test_env": int})
+
+
 def select(records: pd.DataFrame, method: str, hparams_choice: str = "per_trial") -> pd.DataFrame:
     """The selected checkpoint per (dataset, algorithm, test_env, trial_seed), in that order.
 
@@ -447,13 +462,9 @@ def select(records: pd.DataFrame, method: str, hparams_choice: str = "per_trial"
     """
     check_hparams_choice(hparams_choice)
     entry = SELECTION_METHODS.get(method)
-    per_run = _as_method_frame(entry, entry.select(records))
-    # a checkpoint without a validation accuracy (a test-time mode undefined on the validation
-    # split, e.g. known-domain on the test env under oracle selection) cannot be selected
-    per_run = per_run[per_run["val_acc"].notna()]
+    per_run = selected_per_run(records, method)
     if per_run.empty:
         return per_run.assign(tied=pd.Series(dtype=bool))[SELECTED_COLUMNS]
-    per_run = per_run.astype({"hparams_seed": int, "trial_seed": int, "test_env": int})
     if hparams_choice == "pooled":
         chosen = _pooled(per_run)
     else:
