@@ -247,11 +247,12 @@ def test_the_local_launcher_builds_each_dataset_once(tmp_path, capsys, monkeypat
     monkeypatch.setattr(ColoredMNIST, "__init__", counting_init)
     spec = tmp_path / "spec.toml"
     spec.write_text(SPEC)
+    # paired: the domainbed protocol rebuilds each run's environments from its seed, so nothing is shared
     assert main(["-q", "sweep", "launch", "--spec", str(spec), "--output_dir", str(tmp_path / "sweep"),
                  "--data_dir", "embedded", "--launcher", "local", "--yes", "--no_progress",
-                 "--dataset_cache_mb", "301"]) == 0
+                 "--dataset_cache_mb", "301", "--protocol", "paired"]) == 0
     assert len(built) == 1
     assert main(["-q", "sweep", "launch", "--spec", str(spec), "--output_dir", str(tmp_path / "again"),
                  "--data_dir", "embedded", "--launcher", "local", "--yes", "--no_progress",
-                 "--dataset_cache_mb", "0"]) == 0
+                 "--dataset_cache_mb", "0", "--protocol", "paired"]) == 0
     assert len(built) == 4

@@ -197,9 +197,9 @@ def test_table_captions_name_the_backbone_and_batchnorm_rule(data_dir, tmp_path,
         train(TrainConfig(dataset="PACS", algorithm="ERM", output_dir=str(tmp_path / name / "run"), test_envs=[3],
                           data_dir=str(data_dir), hparams={**TINY, **extra}, steps=1, checkpoint_freq=1))
     assert cli_main(["collect", "--input_dir", str(tmp_path / "a"), "--selection", "oracle"]) == 0
-    assert "data: PACS-40; backbone timm:resnet10t, BatchNorm frozen; protocol: paired)" in capsys.readouterr().out
+    assert "data: PACS-40; backbone timm:resnet10t, BatchNorm frozen; protocol: domainbed)" in capsys.readouterr().out
     assert cli_main(["collect", "--input_dir", str(tmp_path / "b"), "--selection", "oracle"]) == 0
-    assert "; backbone timm:resnet10t, BatchNorm updating; protocol: paired)" in capsys.readouterr().out
+    assert "; backbone timm:resnet10t, BatchNorm updating; protocol: domainbed)" in capsys.readouterr().out
     # DomainBed's own records: 2021 (no freeze_bn, ResNet always frozen) and HEAD (AugMix, updating)
     assert describe_backbone({"resnet18": False, "resnet_dropout": 0.0}) == "resnet50, BatchNorm frozen"
     assert describe_backbone({"resnet18": False, "resnet50_augmix": True, "freeze_bn": False, "resnet_dropout": 0.0}) \

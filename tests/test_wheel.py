@@ -60,7 +60,8 @@ def test_output_without_a_name_says_how(tmp_path, capsys):
     assert not (tmp_path / "x.toml").exists()
 
 
-@pytest.mark.skipif(importlib.util.find_spec("build") is None, reason="needs the build package (make install-all)")
+@pytest.mark.skipif(any(importlib.util.find_spec(m) is None for m in ("build", "wheel")),
+                    reason="needs the build and wheel packages (make install-all)")
 def test_built_sdist_and_wheel_hold_every_spec(tmp_path):
     """python -m build, as make wheel-check runs it (about 3 s): both archives hold each spec's bytes."""
     subprocess.run([sys.executable, "-m", "build", "--no-isolation", "--outdir", str(tmp_path), str(ROOT)],

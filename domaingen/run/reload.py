@@ -114,6 +114,7 @@ def load_run(
     records = rundir.records()
     hparams = dict(records[0]["hparams"]) if records and isinstance(records[0].get("hparams"), dict) else run.hparams
     dataset = run.dataset_cls(settings.data_dir, test_envs, hparams)
+    dataset.eval_round = step  # augmented evaluation draws as training's did at this checkpoint
     fraction = settings.in_domain_test
     splits = split_environments(dataset, settings.holdout_fraction, settings.trial_seed, fraction, test_envs)
     idtest = in_domain_test_splits(dataset, settings.holdout_fraction, settings.trial_seed, fraction,

@@ -572,6 +572,9 @@ def _steps(run: ResolvedRun, dataset: MultiDomainDataset, device: torch.device, 
         for key, value in {**losses, "step_time": time.perf_counter() - started}.items():
             pending.setdefault(key, []).append(value)
         if step % settings.checkpoint_freq == 0 or step == last:
+            # augmented evaluation (image datasets under protocol domainbed) draws from this checkpoint's
+            # step, so a resumed run evaluates as an uninterrupted one does
+            dataset.eval_round = step
             evaluated = planned_splits(step, settings.steps, settings.checkpoint_freq, len(splits), test_envs,
                                        settings.eval_splits, settings.train_in_every, idtest_names)
             averaging = _close_averaging_segment(algorithm, step, run, splits, device, dataset, sampler)
@@ -581,7 +584,6 @@ def _steps(run: ResolvedRun, dataset: MultiDomainDataset, device: torch.device, 
             eval_time = time.perf_counter() - eval_started
             if averaging and step != last:  # SWAD before its end: the live model, under other names
                 accuracies = {f"live_{k}": v for k, v in accuracies.items()}
-            dataset.eval_round = step
             record = {
                 "step": step,
                 "epoch": step / steps_per_epoch,
