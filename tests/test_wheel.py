@@ -77,3 +77,17 @@ def test_built_sdist_and_wheel_hold_every_spec(tmp_path):
         members = {Path(m.name).stem: m for m in archive.getmembers() if "/domaingen/specs/" in m.name}
         assert sorted(members) == NAMES and all(m.isfile() for m in members.values())
         assert archive.extractfile(members["demo"]).read() == (ROOT / "sweeps" / "demo.toml").read_bytes()
+
+
+def test_sweep_launch_takes_a_shipped_spec_by_name(tmp_path, capsys, monkeypatch):
+    from domaingen.cli.main import main
+
+    monkeypatch.chdir(tmp_path)  # no demo.toml here: the name is the shipped spec's
+    assert main(["-q", "sweep", "launch", "--spec", "demo", "--output_dir", str(tmp_path / "s"), "--dry"]) == 0
+    by_name = capsys.readouterr().out
+    repo_spec = str(Path(__file__).resolve().parents[1] / "sweeps" / "demo.toml")
+    assert main(["-q", "sweep", "launch", "--spec", repo_spec, "--output_dir", str(tmp_path / "s"), "--dry"]) == 0
+    assert by_name == capsys.readouterr().out and "72 jobs" in by_name
+    assert main(["-q", "sweep", "launch", "--spec", "nothere", "--output_dir", str(tmp_path / "s"), "--dry"]) == 2
+    assert capsys.readouterr().err == ("domaingen: error: sweep spec nothere not found (`domaingen spec` lists the "
+                                       "specs --spec takes by name)\n")

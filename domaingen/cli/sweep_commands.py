@@ -42,8 +42,21 @@ log = logging.getLogger(__name__)
 
 
 
+def spec_path(given: str) -> str:
+    """--spec's file: the path given, or, when no such file exists and it is a bare name, the spec the
+    package ships under that name (`domaingen spec` lists them), so an installed wheel runs `--spec demo`."""
+    from domaingen.cli.spec_commands import shipped_specs
+
+    name = given.removesuffix(".toml")
+    if Path(given).exists() or "/" in given or name not in shipped_specs():
+        return given
+    return str(shipped_specs()[name])
+
+
 def spec_from_args(ns: argparse.Namespace):
     """The sweep spec: the TOML file's keys, overridden by any flags given."""
+    if getattr(ns, "spec", None):
+        ns.spec = spec_path(ns.spec)
     data: dict[str, Any] = {}
     source = "command line"
     recorded = read_recorded_spec(ns.output_dir)

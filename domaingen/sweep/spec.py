@@ -264,7 +264,7 @@ def read_spec_data(path: str | os.PathLike) -> dict[str, Any]:
         with open(path, "rb") as f:
             return tomllib.load(f)
     except FileNotFoundError:
-        raise SpecError(f"sweep spec {path} not found") from None
+        raise SpecError(f"sweep spec {path} not found (`domaingen spec` lists the specs --spec takes by name)") from None
     except tomllib.TOMLDecodeError as exc:
         raise SpecError(f"sweep spec {path} is not valid TOML: {exc}") from None
 
