@@ -23,6 +23,7 @@ from domaingen.masks.neuron_masks import (
     neuron_mask_statistics,
     pairwise_soft_iou,
     straight_through_bernoulli,
+    summed_pairwise_iou,
 )
 from domaingen.run.rundir import RunDirectory
 from domaingen.run.training import TrainConfig, train
@@ -62,18 +63,46 @@ def test_pairwise_soft_iou_equals_hand_computation():
     assert pairwise_soft_iou(discrete, eps=0.0)[0, 1].item() == pytest.approx(0.5)
 
 
-def test_overlap_penalty_is_mean_over_pairs_summed_over_layers():
+def hand_overlap(logits: list[torch.Tensor], reduction: str) -> float:
+    """Soft IoU of every domain pair of every layer's sigmoid(logits), written out in numpy:
+    summed over pairs ("sum") or averaged over them ("mean"), then summed over layers."""
+    total = 0.0
+    for layer in logits:
+        p = torch.sigmoid(layer).detach().double().numpy()
+        pairs = [
+            (p[i] * p[j]).sum() / (p[i] + p[j] - p[i] * p[j]).sum()
+            for i, j in itertools.combinations(range(len(p)), 2)
+        ]
+        total += sum(pairs) if reduction == "sum" else np.mean(pairs)
+    return total
+
+
+def test_overlap_penalty_sums_pairs_and_layers_by_default_or_averages_pairs():
     torch.manual_seed(0)
     masks = DomainNeuronMasks([5, 7], num_domains=3)
-    expected = 0.0
-    for logits in masks.logits:
-        p = torch.sigmoid(logits).detach().numpy()
-        pairs = [
-            (p[i] * p[j]).sum() / (p[i] + p[j] - p[i] * p[j]).sum() for i, j in itertools.combinations(range(3), 2)
-        ]
-        expected += np.mean(pairs)
-    assert masks.overlap_penalty().item() == pytest.approx(expected, rel=1e-5)
+    summed, mean = hand_overlap(list(masks.logits), "sum"), hand_overlap(list(masks.logits), "mean")
+    assert masks.overlap_penalty().item() == pytest.approx(summed, rel=1e-5)
+    assert masks.overlap_penalty("sum").item() == pytest.approx(summed, rel=1e-5)
+    assert masks.overlap_penalty("mean").item() == pytest.approx(mean, rel=1e-5)
+    assert summed == pytest.approx(3 * mean)  # 3 domains: 3 pairs per layer
     assert mean_pairwise_iou(torch.rand(1, 4)).item() == 0.0  # one domain: no pairs, no penalty
+    assert summed_pairwise_iou(torch.rand(1, 4)).item() == 0.0
+    with pytest.raises(DomaingenError, match=r"^reduction must be one of sum, mean, got 'avg'$"):
+        masks.overlap_penalty("avg")
+
+
+@pytest.mark.parametrize("reduction", [None, "sum", "mean"])
+def test_update_reports_the_penalty_its_reduction_defines(reduction):
+    """3 training domains, 2 masked layers: the penalty `update` reports (and adds to the loss) is
+    the hand-computed soft IoU, summed over pairs unless dmg_overlap_reduction is 'mean'."""
+    overrides = {} if reduction is None else {"dmg_overlap_reduction": reduction}
+    algorithm = mlp_dmg(dmg_layers="featurizer.layers.7,classifier", dmg_lambda_o=0.5, **overrides)
+    assert algorithm.num_domains == 3 and len(algorithm.masks.logits) == 2
+    before = [logit.detach().clone() for logit in algorithm.masks.logits]
+    out = algorithm.update(separable_batches(MLP_SHAPE, seed=0))
+    expected = hand_overlap(before, reduction or "sum")
+    assert out["penalty"] == pytest.approx(expected, rel=1e-5)
+    assert out["loss"] == pytest.approx(out["nll"] + 0.5 * expected, rel=1e-5)
 
 
 def test_logits_start_uniform_in_zero_one():
@@ -150,7 +179,7 @@ def test_overlap_penalty_lowers_the_mask_iou_on_a_toy_problem():
             nll = algorithm.update(separable_batches(shape, seed=step))["nll"]
         return algorithm.diagnostics(), nll
 
-    with_penalty, nll = train_masks(0.3)
+    with_penalty, nll = train_masks(0.1)  # summed over 3 pairs: 0.3 x their mean
     assert with_penalty["dmg_iou"] < 0.7 and with_penalty["dmg_layer0_active"] > 0.3 and nll < 0.1
     assert train_masks(0.0)[0]["dmg_iou"] > 0.9
 
@@ -359,3 +388,37 @@ def test_resnet_featurizer_masks_layer3_layer4_and_classifier_per_channel(monkey
     with torch.no_grad():
         loop = torch.stack([algorithm.predict(x, domain=d) for d in range(NUM_DOMAINS)]).mean(0)
         torch.testing.assert_close(algorithm.predict(x), loop, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("hparams, message", [
+    ('{"dmg_lambda_o": -0.5}', "dmg_lambda_o must be >= 0 (the weight of the overlap penalty), got -0.5"),
+    ('{"dmg_overlap_reduction": "avg"}', "dmg_overlap_reduction must be one of sum, mean, got 'avg'"),
+    ('{"dmg_layers": "classifier, classifier"}', "dmg_layers names a module twice: 'classifier, classifier'"),
+    ('{"dmg_layers": " , "}', "dmg_layers is empty; use 'auto' or comma-separated module names such as 'classifier'"),
+])
+def test_bad_hyperparameters_on_the_command_line_are_one_line_and_exit_2(hparams, message, tmp_path, capsys):
+    from domaingen.cli import main
+
+    out = tmp_path / "run"
+    code = main(["-q", "train", "--dataset", "ColoredMNIST", "--data_dir", "embedded", "--steps", "1",
+                 "--algorithm", "DMG", "--hparams", hparams, "--output_dir", str(out)])
+    assert code == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("domaingen: error: " + message)
+    assert not out.exists()
+
+
+def test_unknown_masked_layer_on_the_command_line_is_one_line_and_exit_2(tmp_path, capsys):
+    """Module names are known once the network is built: the run directory exists by then and is
+    marked failed."""
+    from domaingen.cli import main
+
+    out = tmp_path / "run"
+    code = main(["-q", "train", "--dataset", "ColoredMNIST", "--data_dir", "embedded", "--steps", "1",
+                 "--algorithm", "DMG", "--hparams", '{"dmg_layers": "classifier,featurizer.nope"}',
+                 "--output_dir", str(out)])
+    assert code == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1
+    assert lines[0].startswith("domaingen: error: unknown module 'featurizer.nope' in dmg_layers; valid names include ")
+    assert (out / "failed").exists()

@@ -622,7 +622,7 @@ def test_sandmask_masks_the_combined_gradient():
 
 
 def test_dmg_adds_the_penalty_beside_its_overlap_penalty():
-    """DMG: CE under each domain's sampled neuron mask + lambda_O * mean pairwise soft IoU + L2 + penalty."""
+    """DMG: CE under each domain's sampled neuron mask + lambda_O * summed pairwise soft IoU + L2 + penalty."""
     a = composed("DMG", dmg_lambda_o=0.5)
     b = copy.deepcopy(a)
     batches = separable_batches((12,), n=8)
@@ -641,7 +641,7 @@ def test_dmg_adds_the_penalty_beside_its_overlap_penalty():
         for p in probs:
             pairs = [(i, j) for i in range(len(p)) for j in range(i + 1, len(p))]
             overlap = overlap + sum(((p[i] * p[j]).sum() + 1e-8) / ((p[i] + p[j] - p[i] * p[j]).sum() + 1e-8)
-                                    for i, j in pairs) / len(pairs)
+                                    for i, j in pairs)
         return nll + 0.5 * overlap + l2_term(model.network) + penalty
 
     expected, without = objective_grads(b, batches, objective)

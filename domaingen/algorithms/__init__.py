@@ -87,7 +87,11 @@ ResNet, `resnet.layer3`, `resnet.layer4` and the classifier; or comma-separated
 module names such as `featurizer.layers.9,classifier`). Training samples each
 example's mask from Bernoulli(sigmoid(logit)) of its own domain (minibatch d is
 domain d), with the straight-through gradient; loss = cross-entropy +
-`dmg_lambda_o` x (sum over layers of the mean soft IoU over domain pairs).
+`dmg_lambda_o` x (the soft IoU of the domains' mask probabilities, summed over
+masked layers and domain pairs: the paper's sum over L and (d_i, d_j)).
+`dmg_overlap_reduction` "mean" averages over the domain pairs within a layer
+instead, as the authors' public code does (prithv1/DMG, models/supermasks.py,
+`overlap_penalty`); with D training domains the sum is D(D-1)/2 times the mean.
 Hyperparameters: `dmg_lambda_o` 0.1 (search: 0 with probability 0.2, else
 10^U(-5,0)); `dmg_mask_lr` 1e-3, the Adam learning rate of the mask logits
 (search 10^U(-4,-2); the paper used 1e-4 for net and masks, our MNIST net lr is
@@ -109,7 +113,9 @@ some but not all / by none), and `dmg_iou`, the mean over layers. `collect`
 turns each mode into a row of its own: `DMG-MaskEns`, and `DMG-KD`, which appears
 in the in-domain tables only (under oracle and leave-one-domain-out selection it
 is marked undefined, since they validate on held-out domains). A negative
-`dmg_lambda_o` or `dmg_mask_lr` is refused in one line (and stops a sweep's launch).
+`dmg_lambda_o` or `dmg_mask_lr`, an unknown `dmg_overlap_reduction`, and an empty or
+repeated `dmg_layers` are refused in one line (and stop a sweep's launch); an unknown
+module name in `dmg_layers` is refused in one line once the network is built.
 
 **Which optimisation the defaults follow, and why.** The defaults are DomainBed's
 protocol (Adam at the dataset's lr, no weight decay, no schedule, checkpoints chosen by

@@ -4,7 +4,9 @@ Every training domain has one mask logit per neuron (per channel for
 convolutions) on the inputs of a few late layers. Training multiplies each
 example's activations by a straight-through Bernoulli sample of its own
 domain's mask and adds lambda_O times the soft-IoU overlap of the domains'
-masks. Test-time modes: Pred-Ens (the default) averages the logits over the
+masks: by default the paper's sum over masked layers and domain pairs
+(`dmg_overlap_reduction` "sum"); "mean" averages over the pairs within a layer,
+as the authors' public code does (models/supermasks.py, `overlap_penalty`). Test-time modes: Pred-Ens (the default) averages the logits over the
 source domains' soft masks, Mask-Ens uses the mean soft mask, and known-domain
 (KD) uses the example's own domain's soft mask.
 """
@@ -29,7 +31,11 @@ from domaingen.algorithms.base import (
 )
 from domaingen.errors import DomaingenError
 from domaingen.hparams import HParam, log_uniform, log_uniform_or_zero
-from domaingen.masks.neuron_masks import DomainNeuronMasks, straight_through_bernoulli
+from domaingen.masks.neuron_masks import (
+    DomainNeuronMasks,
+    check_overlap_reduction,
+    straight_through_bernoulli,
+)
 from domaingen.masks import neuron_mask_statistics, pairwise_soft_iou
 from domaingen.networks import MLP, MNIST_CNN, TwoLayer
 
@@ -82,16 +88,23 @@ def input_width(module: nn.Module) -> int:
     raise DomaingenError(f"cannot mask the input of {type(module).__name__}: it holds no Linear or convolution layer")
 
 
-def parse_mask_layers(spec: str, algorithm: nn.Module, featurizer: nn.Module) -> list[str]:
-    """The dmg_layers hyperparameter ('auto' or comma-separated module names) -> validated names."""
-    if str(spec).strip() == "auto":
-        return auto_mask_layers(featurizer)
+def layer_names(spec: str) -> list[str]:
+    """The module names of a dmg_layers value other than 'auto', refused when empty or repeated
+    (checks that need no network, so they run before a run writes anything)."""
     names = [part.strip() for part in str(spec).split(",") if part.strip()]
-    modules = dict(algorithm.named_modules())
     if not names:
         raise DomaingenError("dmg_layers is empty; use 'auto' or comma-separated module names such as 'classifier'")
     if len(set(names)) < len(names):
         raise DomaingenError(f"dmg_layers names a module twice: {spec!r}")
+    return names
+
+
+def parse_mask_layers(spec: str, algorithm: nn.Module, featurizer: nn.Module) -> list[str]:
+    """The dmg_layers hyperparameter ('auto' or comma-separated module names) -> validated names."""
+    if str(spec).strip() == "auto":
+        return auto_mask_layers(featurizer)
+    names = layer_names(spec)
+    modules = dict(algorithm.named_modules())
     for name in names:
         if name not in modules or name in ("", "network", "masks") or name.startswith(("network.", "masks")):
             examples = [n for n, m in modules.items() if isinstance(m, (nn.Linear, nn.Conv2d)) and not n.startswith("network")]
@@ -106,6 +119,11 @@ class DMG(FeaturizerClassifier):
 
     HPARAMS = {
         "dmg_lambda_o": HParam(0.1, log_uniform_or_zero(-5, 0, 0.2), "weight lambda_O of the soft-IoU mask overlap penalty"),
+        "dmg_overlap_reduction": HParam(
+            "sum", None,
+            "soft IoU over domain pairs, per masked layer: sum (the paper's equation) or mean (the authors' code); "
+            "summed over layers either way",
+        ),
         "dmg_mask_lr": HParam(1e-3, log_uniform(-4, -2), "Adam learning rate of the mask logits"),
         "dmg_layers": HParam("auto", None, "masked module inputs: 'auto' or comma-separated module names"),
     }
@@ -117,6 +135,10 @@ class DMG(FeaturizerClassifier):
         for key, what in (("dmg_lambda_o", "the weight of the overlap penalty"), ("dmg_mask_lr", "a learning rate")):
             if key in hparams and not float(hparams[key]) >= 0:
                 raise DomaingenError(f"{key} must be >= 0 ({what}), got {hparams[key]}")
+        if "dmg_layers" in hparams and str(hparams["dmg_layers"]).strip() != "auto":
+            layer_names(hparams["dmg_layers"])
+        if "dmg_overlap_reduction" in hparams:
+            check_overlap_reduction(hparams["dmg_overlap_reduction"], "dmg_overlap_reduction")
 
     def __init__(self, input_shape, num_classes, num_domains, hparams) -> None:
         super().__init__(input_shape, num_classes, num_domains, hparams)
@@ -179,7 +201,7 @@ class DMG(FeaturizerClassifier):
         generator = self._mask_generator(x.device)
         masks = [straight_through_bernoulli(probs[domains], generator) for probs in self.masks.probs()]
         nll = classification_loss(self._masked_forward(x, masks), y)
-        penalty = self.masks.overlap_penalty()
+        penalty = self.masks.overlap_penalty(self.hparams["dmg_overlap_reduction"])
         loss = nll + float(self.hparams["dmg_lambda_o"]) * penalty
         self.step(loss)
         return {"loss": loss.item(), "nll": nll.item(), "penalty": penalty.item()}

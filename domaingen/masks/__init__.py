@@ -9,11 +9,13 @@ The public names of both are re-exported here.
 
 from domaingen.masks.neuron_masks import (
     IOU_EPS,
+    OVERLAP_REDUCTIONS,
     DomainNeuronMasks,
     mean_pairwise_iou,
     neuron_mask_statistics,
     pairwise_soft_iou,
     straight_through_bernoulli,
+    summed_pairwise_iou,
 )
 from domaingen.masks.weight_masks import (
     DEFAULT_INIT_LOGIT,
@@ -37,6 +39,7 @@ __all__ = [
     "DEFAULT_INIT_LOGIT",
     "IOU_EPS",
     "KEEP_PROB_QUANTILES",
+    "OVERLAP_REDUCTIONS",
     "DomainNeuronMasks",
     "MaskedConv2d",
     "MaskedLinear",
@@ -54,5 +57,6 @@ __all__ = [
     "specialization_penalty",
     "straight_through_bernoulli",
     "subnetwork_stats",
+    "summed_pairwise_iou",
     "weight_mask_logits",
 ]

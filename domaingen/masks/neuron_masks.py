@@ -4,7 +4,9 @@ DMG gives every training domain one logit per neuron (or channel) of a few
 layers' inputs. Training multiplies each example's activations by a Bernoulli
 sample of its own domain's mask, with the straight-through gradient to the
 probabilities; a soft-IoU penalty keeps the domains' masks from overlapping
-completely.
+completely. The penalty is the paper's sum over layers and domain pairs
+(reduction "sum"), or the sum over layers of the mean over domain pairs
+(reduction "mean", what the authors' public code computes).
 """
 
 from __future__ import annotations
@@ -14,7 +16,11 @@ from typing import Sequence
 import torch
 from torch import nn
 
+from domaingen.errors import DomaingenError
+
 IOU_EPS = 1e-8
+# how the soft IoU of the domain pairs of one layer is reduced before summing over layers
+OVERLAP_REDUCTIONS = ("sum", "mean")
 
 
 def pairwise_soft_iou(masks: torch.Tensor, eps: float = IOU_EPS) -> torch.Tensor:
@@ -28,13 +34,32 @@ def pairwise_soft_iou(masks: torch.Tensor, eps: float = IOU_EPS) -> torch.Tensor
     return (inter + eps) / (union + eps)
 
 
+def pair_soft_ious(masks: torch.Tensor, eps: float = IOU_EPS) -> torch.Tensor:
+    """The soft IoU of each of the D*(D-1)/2 pairs (i < j) of rows of [D, C] masks, as a vector."""
+    d = masks.shape[0]
+    rows, cols = torch.triu_indices(d, d, offset=1, device=masks.device)
+    return pairwise_soft_iou(masks, eps)[rows, cols]
+
+
 def mean_pairwise_iou(masks: torch.Tensor, eps: float = IOU_EPS) -> torch.Tensor:
     """Mean soft IoU over the D*(D-1)/2 pairs of rows of [D, C] masks (0 when D < 2)."""
-    d = masks.shape[0]
-    if d < 2:
+    if masks.shape[0] < 2:
         return masks.new_zeros(())
-    rows, cols = torch.triu_indices(d, d, offset=1, device=masks.device)
-    return pairwise_soft_iou(masks, eps)[rows, cols].mean()
+    return pair_soft_ious(masks, eps).mean()
+
+
+def summed_pairwise_iou(masks: torch.Tensor, eps: float = IOU_EPS) -> torch.Tensor:
+    """Sum of the soft IoU over the D*(D-1)/2 pairs of rows of [D, C] masks (0 when D < 2)."""
+    if masks.shape[0] < 2:
+        return masks.new_zeros(())
+    return pair_soft_ious(masks, eps).sum()
+
+
+def check_overlap_reduction(reduction: str, key: str = "reduction") -> str:
+    """`reduction` if it is one of OVERLAP_REDUCTIONS, else a one-line DomaingenError naming `key`."""
+    if reduction not in OVERLAP_REDUCTIONS:
+        raise DomaingenError(f"{key} must be one of {', '.join(OVERLAP_REDUCTIONS)}, got {reduction!r}")
+    return reduction
 
 
 def straight_through_bernoulli(probs: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
@@ -88,9 +113,11 @@ class DomainNeuronMasks(nn.Module):
         """sigmoid(logits), one [D, C] matrix per layer."""
         return [torch.sigmoid(logit) for logit in self.logits]
 
-    def overlap_penalty(self) -> torch.Tensor:
-        """Sum over layers of the mean soft IoU over domain pairs of the probabilities."""
-        return torch.stack([mean_pairwise_iou(p) for p in self.probs()]).sum()
+    def overlap_penalty(self, reduction: str = "sum") -> torch.Tensor:
+        """Soft IoU of the domains' probabilities, summed over layers. Within a layer the
+        domain pairs are summed ("sum", the paper's equation) or averaged ("mean")."""
+        per_pairs = summed_pairwise_iou if check_overlap_reduction(reduction) == "sum" else mean_pairwise_iou
+        return torch.stack([per_pairs(p) for p in self.probs()]).sum()
 
     def statistics(self) -> list[dict[str, float]]:
         """`neuron_mask_statistics` of each layer's discrete masks, sigmoid(logit) > 0.5."""
