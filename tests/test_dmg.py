@@ -422,3 +422,54 @@ def test_unknown_masked_layer_on_the_command_line_is_one_line_and_exit_2(tmp_pat
     assert len(lines) == 1
     assert lines[0].startswith("domaingen: error: unknown module 'featurizer.nope' in dmg_layers; valid names include ")
     assert (out / "failed").exists()
+
+
+# --- the paper's optimisation preset ---
+
+
+def test_paper_preset_sets_the_papers_adam_and_decays_the_network_lr_per_period():
+    from domaingen.algorithms.dmg import DMG
+    from domaingen.testing import default_hparams
+
+    hparams = DMG.fit_hparams(
+        default_hparams("DMG", mlp_width=16, dmg_preset="paper", dmg_decay_every=2),
+        NUM_DOMAINS, {"mlp_width", "dmg_preset", "dmg_decay_every"},
+    )
+    torch.manual_seed(0)
+    algorithm = DMG(MLP_SHAPE, 3, NUM_DOMAINS, hparams)
+    network, masks = algorithm.optimizer.param_groups
+    assert (network["lr"], network["weight_decay"]) == (1e-4, 1e-5)
+    assert (masks["lr"], masks["weight_decay"]) == (1e-4, 1e-5)
+    batches = [(x, y % 3) for x, y in separable_batches(MLP_SHAPE, n=4)]
+    for k in range(1, 4):  # K decay periods of 2 updates each
+        for _ in range(2):
+            algorithm.update(batches)
+        assert network["lr"] == pytest.approx(1e-4 * 0.99**k, rel=1e-12)
+        assert masks["lr"] == 1e-4  # the authors' trainer leaves the mask scheduler unstepped
+    algorithm.update(batches)  # mid-period: no further decay
+    assert network["lr"] == pytest.approx(1e-4 * 0.99**3, rel=1e-12)
+
+
+def test_explicit_lr_and_weight_decay_win_over_the_paper_preset():
+    from domaingen.algorithms.dmg import DMG
+    from domaingen.testing import default_hparams
+
+    hparams = DMG.fit_hparams(
+        default_hparams("DMG", dmg_preset="paper", lr=3e-3, weight_decay=0.0),
+        NUM_DOMAINS, {"dmg_preset", "lr", "weight_decay"},
+    )
+    assert (hparams["lr"], hparams["weight_decay"], hparams["dmg_mask_lr"]) == (3e-3, 0.0, 1e-4)
+    default = DMG.fit_hparams(default_hparams("DMG"), NUM_DOMAINS, set())
+    assert default == default_hparams("DMG")  # the domainbed preset changes nothing
+
+
+def test_unknown_preset_on_the_command_line_is_one_line_and_exit_2(tmp_path, capsys):
+    from domaingen.cli.main import main
+
+    out = tmp_path / "run"
+    code = main(["-q", "train", "--dataset", "ColoredMNIST", "--data_dir", "embedded", "--steps", "1",
+                 "--algorithm", "DMG", "--hparams", '{"dmg_preset": "adam"}', "--output_dir", str(out)])
+    assert code == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert lines == ["domaingen: error: dmg_preset must be one of domainbed, paper, got 'adam'"]
+    assert not out.exists()
