@@ -123,8 +123,16 @@ training-domain validation of the Pred-Ens prediction) with the masks at 1e-3, s
 DMG is compared with every other algorithm under one protocol. The paper's own
 optimisation (prithv1/DMG's configs: Adam at 1e-4 for network and masks, weight decay
 1e-5 on PACS and 0 on DomainNet, a decaying learning rate) is a preset: the hyperparameter
-values of parts 3 and 4 of `sweeps/dmg_pacs.toml` and `sweeps/dmg_domainnet.toml`; their
-learning-rate decay is not reproduced (domaingen has no schedule), which those specs state.
+values of parts 3 and 4 of `sweeps/dmg_pacs.toml` and `sweeps/dmg_domainnet.toml`, which
+state that they leave out the decay. `dmg_preset` "paper" sets the PACS values in one
+hyperparameter: Adam at 1e-4 for network and masks, weight decay 1e-5 on both, and the
+network's learning rate times 0.99 per epoch, as the authors' trainer does (it steps only
+the network's scheduler; the masks' learning rate stays constant). An algorithm does not
+know the epoch length, so the decay comes every `dmg_decay_every` updates (default 42,
+ceil(0.8 x 1670 / 32): PACS's photo domain at batch 32; set it to ceil(smallest training
+environment / batch size)). An `lr`, `weight_decay` or `dmg_mask_lr` the user sets wins.
+The masked ResNet layers are the code's (models/subnetwork_supermask_model.py: the
+inputs of layer3, layer4 and fc).
 
 ### MultiHead
 
