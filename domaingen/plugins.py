@@ -19,6 +19,32 @@ form another process can load again: the module name, or the file's absolute pat
 for a file found by path or only through the current directory. Runs and sweeps
 record that list, so their jobs, resumptions, `evaluate` and `collect` load the same
 plugins without the flag.
+
+Selection methods and launchers. A selection method maps the records to one chosen
+  checkpoint per run (`selection.scored_checkpoints` gives every checkpoint with its
+  validation and test accuracy); `default=True` adds it to what `collect` shows without
+  `--selection`, `pairs=True` says it validates on pair runs (see `SelectionMethod`). A
+  launcher runs (or submits) a sweep's jobs and returns how each ended (see `Launcher`
+  for the options it accepts). They become choices of `sweep launch --launcher` and
+  `export --selection`, and `domaingen list` names them under the loaded plugins. A
+  method that reads the held-out accuracy before the last checkpoint needs runs launched
+  with `--eval_splits selection` (the default evaluates it there only at the end).
+
+    from domaingen.sweep.launch import register_launcher
+    from domaingen.sweep.workers import job_kwargs, run_job
+    from domaingen.tables.selection import register_selection_method, scored_checkpoints
+
+    @register_selection_method("first", "first checkpoint of each run", default=True)   # name, table caption
+    def first_checkpoint(records):
+        return scored_checkpoints(records).sort_values("step", kind="stable").drop_duplicates("run")
+
+    @register_launcher("newest_first", "in this process, the last job first")   # name, --launcher help
+    def launch_newest_first(jobs, sweep_dir, data_dir, options):
+        return [run_job(job.job_id, job_kwargs(job, sweep_dir, data_dir, options.loggers), options.threads)
+                for job in reversed(list(jobs))]
+
+    domaingen --plugins my_methods sweep launch --spec s.toml --output_dir out --launcher newest_first --eval_splits selection
+    domaingen --plugins my_methods collect --input_dir out    # training, oracle and first
 """
 
 from __future__ import annotations
