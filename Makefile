@@ -72,8 +72,8 @@ tables:  ## regenerate results/ from a finished quick sweep, without training
 #   CPU_DIR:  domaingen sweep launch --spec sweeps/modreg_table1_cpu.toml --output_dir CPU_DIR --order trial
 #   RMLP_DIR: domaingen sweep launch --spec sweeps/modreg_table1.toml --parts 2 --output_dir RMLP_DIR
 T1_FIELDS := --fields 'modreg_*kept_fraction' 'modreg_*keep_prob_p50'
-T1_REFS   := results/reference_modreg_table1.csv results/reference_domainbed_mnist.csv
-T1_P1 = --input_dir $(CPU_DIR) --datasets IRMColoredMNIST --selection last --reference results/reference_modreg_table1.csv
+T1_REFS   := modreg_table1 domainbed_mnist
+T1_P1 = --input_dir $(CPU_DIR) --datasets IRMColoredMNIST --selection last --reference modreg_table1
 T1_P2 = --input_dir $(RMLP_DIR) --selection training oracle --reference $(T1_REFS)
 T1_P3 = --input_dir $(CPU_DIR) --datasets ColoredMNIST RotatedMNIST --selection training oracle --reference $(T1_REFS)
 T1_H1 := Part 1: MLP C-MNIST, the IRM paper's protocol (IRMColoredMNIST, 501 full-batch steps, final checkpoint, 10 restarts, bf16)

@@ -1,18 +1,16 @@
-"""The shipped published numbers (results/reference_*.csv): readable, named as domaingen names things, consistent."""
+"""The shipped published numbers (domaingen/tables/published/*.csv): readable, named as domaingen names things, consistent."""
 
 from __future__ import annotations
 
 import csv
-from pathlib import Path
 
 import pytest
 
 from domaingen.datasets import DATASETS
-from domaingen.tables.reference import AVG, read_reference
+from domaingen.tables.reference import AVG, PUBLISHED_DIR, read_reference
 
-RESULTS_DIR = Path(__file__).resolve().parent.parent / "results"
-REFERENCE_FILES = sorted(RESULTS_DIR.glob("reference_*.csv"))
-DOMAINBED_FILES = sorted(RESULTS_DIR.glob("reference_domainbed_*.csv"))
+REFERENCE_FILES = sorted(PUBLISHED_DIR.glob("*.csv"))
+DOMAINBED_FILES = sorted(PUBLISHED_DIR.glob("domainbed_*.csv"))
 DOMAINBED_SOURCE = "DomainBed results.tex 7df6f06"
 
 # DomainBed's ALGORITHMS list (domainbed/algorithms.py at facebookresearch/DomainBed b93c22a)
@@ -56,7 +54,7 @@ def _domainbed() -> "pd.DataFrame":  # noqa: F821
 
 
 def test_the_files_are_there():
-    assert [p.name for p in DOMAINBED_FILES] == ["reference_domainbed_images.csv", "reference_domainbed_mnist.csv"]
+    assert [p.name for p in DOMAINBED_FILES] == ["domainbed_images.csv", "domainbed_mnist.csv"]
 
 
 @pytest.mark.parametrize("path", REFERENCE_FILES, ids=lambda p: p.name)
@@ -140,11 +138,11 @@ def test_later_algorithms_name_their_paper_and_table():
 
 
 def test_dmg_file_gives_the_papers_averages_per_backbone_under_every_selection():
-    """results/reference_dmg.csv: DMG's published out-of-domain averages, one row per backbone, no selection named
+    """domaingen/tables/published/dmg.csv: DMG's published out-of-domain averages, one row per backbone, no selection named
     (the paper selects on its own source-domain validation split), so each prints under every selection method."""
     from domaingen.tables.reference import reference_rows
 
-    frame = read_reference(RESULTS_DIR / "reference_dmg.csv")
+    frame = read_reference(PUBLISHED_DIR / "dmg.csv")
     for method in ("training", "loo", "oracle"):
         pacs = reference_rows(frame, "PACS", method, "test")
         assert {source.split(", ")[1]: cells[AVG][2] for (algorithm, source), cells in pacs.items()
@@ -154,3 +152,15 @@ def test_dmg_file_gives_the_papers_averages_per_backbone_under_every_selection()
         assert {(algorithm, cells[AVG][2]) for (algorithm, _), cells in domainnet.items()} == \
             {("DMG", "43.63"), ("MetaReg", "43.62")}
     assert reference_rows(frame, "PACS", "training", "indomain") == {}  # Table 3 is not in the file
+
+
+def test_reference_takes_a_shipped_name_and_refuses_an_unknown_one_in_one_line():
+    from domaingen.errors import DomaingenError
+
+    by_name = read_reference("domainbed_mnist")
+    by_path = read_reference(PUBLISHED_DIR / "domainbed_mnist.csv")
+    assert by_name.equals(by_path) and len(by_name) > 0
+    with pytest.raises(DomaingenError) as exc:
+        read_reference("domainbed_mnsit")
+    assert str(exc.value) == ("reference domainbed_mnsit: no such file and no shipped one of that name (shipped: "
+                              "dmg, domainbed_images, domainbed_mnist, modreg_table1, pacs_modern)")

@@ -231,7 +231,7 @@ def test_bad_reference_files_give_one_line(sweep, tmp_path, capsys, text, messag
 
 
 def test_shipped_references_read_and_match_reference_md():
-    domainbed = read_reference(RESULTS_DIR / "reference_domainbed_mnist.csv")
+    domainbed = read_reference("domainbed_mnist")
     erm = domainbed[(domainbed["algorithm"] == "ERM") & (domainbed["selection"] == "training")
                     & (domainbed["dataset"] == "ColoredMNIST")]
     cells = dict(zip(erm["test_env"], erm["mean"]))
@@ -242,7 +242,7 @@ def test_shipped_references_read_and_match_reference_md():
         envs = sub[sub["test_env"] != "Avg"]
         if len(envs) == 3:
             assert 100 * envs["mean"].mean() == pytest.approx(100 * sub[sub["test_env"] == "Avg"]["mean"].iloc[0], abs=0.1 + 1e-9)
-    modreg = read_reference(RESULTS_DIR / "reference_modreg_table1.csv")
+    modreg = read_reference("modreg_table1")
     abstract = modreg[modreg["source"].str.startswith("ModReg abstract")]
     assert len(abstract) == 16  # 4 algorithms x {C-MNIST, R-MNIST} x {CNN, MLP}
     assert abstract["mean"].sum() == pytest.approx(sum([35.23, 38.20, 67.69, 71.88, 34.27, 36.91, 72.58, 75.59,

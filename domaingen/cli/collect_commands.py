@@ -109,10 +109,11 @@ def _tables_arguments(p: argparse.ArgumentParser) -> None:
     _add_hparams_choice(p)
     _add_error(p)
     _add_table_layout(p)
-    p.add_argument("--reference", nargs="+", default=None, metavar="FILE.csv",
+    p.add_argument("--reference", nargs="+", default=None, metavar="FILE.csv|NAME",
                    help="published numbers to add as rows labelled with their source (columns: dataset, algorithm, "
-                        "test_env or Avg, mean, error, source; optional selection, table); e.g. "
-                        "results/reference_domainbed_mnist.csv")
+                        "test_env or Avg, mean, error, source; optional selection, table): a CSV file, or the name of "
+                        "one shipped with domaingen: domainbed_mnist, domainbed_images (DomainBed's published cells), "
+                        "modreg_table1, dmg, pacs_modern")
     p.add_argument("--paired", nargs="*", default=None, metavar="ALGORITHM:BASE",
                    help="also tabulate paired differences of test accuracy, ALGORITHM minus BASE over the trials "
                         "both have (same trial_seed: the same restart), each cell with a paired test's Holm-adjusted "

@@ -219,13 +219,13 @@ with the later checkpoint winning ties, matched only 34, 158 and 24 of them.
   empty = every selection's tables) and `table` (test, the default, or indomain). A
   published cell goes under its environment's column, and under `Avg` only where our
   Avg covers every environment; a row with no cell in a table is left out of it.
-  Two files ship in `results/`: `reference_domainbed_mnist.csv` (DomainBed's
-  published ColoredMNIST and RotatedMNIST cells, training-domain and oracle
-  selection) and `reference_modreg_table1.csv` (the ModReg abstract's Table 1, CNN
-  and MLP, and the IRM paper's ERM and IRM rows):
+  `--reference NAME` takes a file shipped in `domaingen/tables/published/`:
+  `domainbed_mnist` and `domainbed_images` (DomainBed's published cells, training-domain
+  and oracle selection), `modreg_table1` (the ModReg abstract's Table 1, CNN and MLP, and
+  the IRM paper's ERM and IRM rows), `dmg` (DMG's averages), `pacs_modern`:
 
   ```
-  domaingen collect --input_dir sweeps_out/quick --reference results/reference_domainbed_mnist.csv
+  domaingen collect --input_dir sweeps_out/quick --reference domainbed_mnist
   ```
 - **WILDS' own metrics.** For the `*Official` datasets (trained on WILDS' train split,
   no single held-out environment, so no leave-one-domain-out columns), `collect`

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import os
+from pathlib import Path
 
 import pandas as pd
 
@@ -49,8 +50,31 @@ def _environment(dataset: str, text: str, where: str) -> str:
     raise DomaingenError(f"{where}: test_env {text!r} is not an environment of {dataset} ({', '.join(names)}) or Avg")
 
 
+PUBLISHED_DIR = Path(__file__).with_name("published")
+
+
+def published_names() -> list[str]:
+    """The published-number files shipped with domaingen, by the name `--reference` takes."""
+    return sorted(p.stem for p in PUBLISHED_DIR.glob("*.csv"))
+
+
+def reference_path(name: str | os.PathLike) -> Path:
+    """A reference file's path: `name` itself when it is a file, else the shipped file of that name
+    (`domainbed_mnist` -> domaingen/tables/published/domainbed_mnist.csv)."""
+    path = Path(name)
+    if path.is_file() or path.suffix or len(path.parts) > 1:
+        return path
+    shipped = PUBLISHED_DIR / f"{name}.csv"
+    if shipped.is_file():
+        return shipped
+    raise DomaingenError(f"reference {name}: no such file and no shipped one of that name "
+                         f"(shipped: {', '.join(published_names())})")
+
+
 def read_reference(path: str | os.PathLike) -> pd.DataFrame:
-    """The reference file as a frame: test_env a column label, mean and error fractions (NaN = no error)."""
+    """The reference file (a path, or the name of a shipped one) as a frame: test_env a column label,
+    mean and error fractions (NaN = no error)."""
+    path = reference_path(path)
     try:
         frame = pd.read_csv(path, dtype=str, keep_default_na=False)
     except FileNotFoundError:
