@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 DATA   ?= $(if $(DOMAINGEN_DATA),$(DOMAINGEN_DATA),$(wildcard ../shared/data))
 export DOMAINGEN_DATA := $(DATA)
 
-.PHONY: install install-all test test-fast wheel-check demo bench download tables modreg_table1 clean
+.PHONY: install install-all test test-fast check-results wheel-check demo bench download tables modreg_table1 clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -18,6 +18,9 @@ install-all: $(PY)  ## install, plus the launchers', loggers' and backbones' pac
 
 test-fast:  ## a train, a sweep, a collect, a plugin and the LaTeX tables: says the install works (under 2 minutes on 2 cores)
 	$(PY) -m pytest -q -m fast
+
+check-results:  ## reprint every generated file in results/ from its committed records (results/regenerate.tsv) and fail on any difference; reads records, never trains
+	$(PY) -m domaingen check-results --jobs 2
 
 test:  ## the whole suite, as CI runs it (after make install-all; without it the tests of the extras skip); real-MNIST tests need DOMAINGEN_DATA
 	$(PY) -m pytest -q

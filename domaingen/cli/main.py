@@ -79,6 +79,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_sweep_parser(sub)
     _add_collect_parser(sub)
     _add_export_parser(sub)
+    _add_check_results_parser(sub)
     _add_download_parser(sub)
     inspect_cli.add_parsers(sub)
     spec_cli.add_parser(sub)
@@ -188,6 +189,20 @@ def _add_export_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--no_weights", action="store_true", help="leave the .pt files out (records only)")
     p.add_argument("--datasets", nargs="+", metavar="DATASET", help="only these datasets' runs")
     p.add_argument("--allow_mixed_sources", action="store_true", help="as for collect")
+    p.add_argument("--backs", nargs="+", default=[], metavar="PATH",
+                   help="the files under results/ this bundle's records back (recorded in bundle.json; "
+                        "domaingen check-results refuses a bundle named for another file)")
+    p.add_argument("--all_runs", action="store_true",
+                   help="bundle every done run's records, not only those the tables selected (with --no_weights: "
+                        "the records behind every view of collect)")
+
+
+def _add_check_results_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("check-results", help="rerun every command of results/regenerate.tsv and compare its output "
+                                             "with the committed file (reads records, never trains)")
+    p.add_argument("--root", default=".", help="the repository root (default: the current directory)")
+    p.add_argument("--only", nargs="+", default=[], metavar="PATH", help="check only these files")
+    p.add_argument("--jobs", type=int, default=1, help="commands run at once (default 1)")
 
 
 def _add_collect_parser(sub: argparse._SubParsersAction) -> None:
@@ -283,6 +298,18 @@ def cmd_export(ns: argparse.Namespace) -> int:
     return sweep_cli.export_command(ns)
 
 
+def cmd_check_results(ns: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from domaingen.tables.regenerate import check_results, read_entries, summary
+
+    root = Path(ns.root)
+    checked = len(ns.only) if ns.only else len(read_entries(root))
+    problems = check_results(root, ns.only, ns.jobs)
+    print(summary(problems, checked))
+    return 1 if problems else 0
+
+
 def cmd_download(ns: argparse.Namespace) -> int:
     from domaingen.datasets import resolve_data_dir
     from domaingen.datasets.download import download
@@ -292,6 +319,7 @@ def cmd_download(ns: argparse.Namespace) -> int:
 
 
 COMMANDS = {"train": cmd_train, "list": cmd_list, "sweep": cmd_sweep, "collect": cmd_collect, "export": cmd_export,
+            "check-results": cmd_check_results,
             "download": cmd_download}
 COMMANDS.update(inspect_cli.COMMANDS)
 COMMANDS["spec"] = spec_cli.run

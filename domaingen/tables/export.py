@@ -9,7 +9,8 @@ writes one zip, everything under a folder named after the file:
     README.md       how to collect and evaluate from it
     tables.md       the tables, as `collect` printed them from the sweep
     sweep.json      the sweep's spec, when it has one
-    runs/RUN/       args.json, manifest.json, results.jsonl, log.txt, done, and the weights:
+    runs/RUN/       args.json, manifest.json, results.jsonl, log.txt, done, diagnostics.json
+                    (evaluate's and diagnose's measurements, where the run has them), and the weights:
                     selected.pt (the checkpoint training-domain validation chose) and, for a
                     run whose chosen checkpoint is its last one (oracle, last), checkpoint.pt
 
@@ -18,7 +19,9 @@ environment and trial, plus, for leave-one-domain-out, the pair runs that valida
 Selection among draws compares validation accuracies, so keeping only the chosen draw
 changes no cell: `domaingen collect --input_dir FILE.zip` (or the unpacked folder)
 reprints the same tables, for the methods the bundle holds. `--no_weights` leaves the
-.pt files out (a small archive of records). A bundle whose files do not match bundle.json
+.pt files out (a small archive of records); `--all_runs` keeps every run directory's records
+(incomplete runs too), so that every view of `collect` reprints from the bundle; `--backs PATH`
+records which committed files the records back (`domaingen check-results`). A bundle whose files do not match bundle.json
 (a damaged zip, an edited file) is refused in one line and nothing is written.
 """
 
@@ -48,7 +51,8 @@ from domaingen.tables.wilds_selection import wilds_select
 
 BUNDLE_FILE = "bundle.json"
 FORMAT = 1
-RUN_FILES = (ARGS, MANIFEST, RESULTS, FINAL, LOG, DONE)
+DIAGNOSTICS = "diagnostics.json"
+RUN_FILES = (ARGS, MANIFEST, RESULTS, FINAL, LOG, DONE, DIAGNOSTICS)
 RUNS = "runs"
 
 README = """# {name}: a domaingen bundle
@@ -136,9 +140,12 @@ def _runs_table(collection: Collection) -> list[dict[str, Any]]:
 
 
 def export_bundle(input_dir: str | os.PathLike, output: str | os.PathLike, collection: Collection,
-                  methods: Sequence[str], hparams_choice: str, tables_text: str, weights: bool = True) -> dict[str, Any]:
+                  methods: Sequence[str], hparams_choice: str, tables_text: str, weights: bool = True,
+                  backs: Sequence[str] = (), all_runs: bool = False) -> dict[str, Any]:
     """Write the bundle of what `collection`'s tables selected to `output` (a .zip); returns its bundle.json.
 
+    `backs` names the files (under results/) whose records these are; `all_runs` bundles every
+    run directory's records, the runs no table selected and the incomplete ones included.
     The zip is written through a temporary file and a rename: a failure leaves nothing behind.
     """
     source, output = Path(input_dir), Path(output)
@@ -155,7 +162,10 @@ def export_bundle(input_dir: str | os.PathLike, output: str | os.PathLike, colle
     runs_info: dict[str, Any] = {}
     # every done run's small files (the candidates selection compared, so the tables, their
     # tie marks included, come out the same from the bundle), weights of the chosen runs only
-    for run in sorted(set(collection.records["run"].astype(str)) | set(chosen)):
+    runs = set(collection.records["run"].astype(str)) | set(chosen)
+    if all_runs:
+        runs |= {p.name for p in source.iterdir() if (p / ARGS).is_file()}
+    for run in sorted(runs):
         run_dir = source / run
         files = [f for f in RUN_FILES if (run_dir / f).exists()]
         if run in chosen and weights:
@@ -179,6 +189,8 @@ def export_bundle(input_dir: str | os.PathLike, output: str | os.PathLike, colle
         "failed": [list(f) for f in collection.failed],
         "incomplete": list(collection.incomplete),
         "bundled": runs_info,
+        "backs": sorted(backs),
+        "all_runs": all_runs,
     }
     texts = {
         "tables.md": tables_text,
