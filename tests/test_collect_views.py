@@ -143,7 +143,8 @@ def test_a_view_refuses_the_options_of_the_others(view, sweeps, capsys):
     own = _options(view)
     foreign = {o: takes for v in VIEWS for o, takes in _options(v).items() if o not in own}
     assert foreign  # every view lacks some other view's option
-    needed = {"trajectories": ["--fields", "x"], "versus": ["--other", "x"]}.get(view, [])
+    needed = {"trajectories": ["--fields", "x"], "versus": ["--other", "x"],
+              "correlations": ["--fields", "x", "--against", "y"]}.get(view, [])
     for option, takes_value in foreign.items():
         given = [option] + (["x"] if takes_value else [])
         message = refused(capsys, view, "--input_dir", sweeps["sweep"], *needed, *given)

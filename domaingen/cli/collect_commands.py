@@ -25,11 +25,16 @@ DEFAULT_VIEW = "tables"
 
 # ---- options shared by several views ----
 
-def _add_input(p: argparse.ArgumentParser, formats: Sequence[str] = ALL_FORMATS) -> None:
-    """What every view reads and writes: the runs (--input_dir, narrowed by --datasets and --protocol), the output."""
-    p.add_argument("--input_dir", required=True,
-                   help="a sweep directory, a run directory, or a bundle (domaingen export's FILE.zip or its "
-                        "unpacked folder)")
+def _add_input(p: argparse.ArgumentParser, formats: Sequence[str] = ALL_FORMATS, several: bool = False) -> None:
+    """What every view reads and writes: the runs (--input_dir, narrowed by --datasets and --protocol), the output.
+    With `several`, --input_dir takes several sources, each one's rows labelled."""
+    what = ("a sweep directory, a run directory, or a bundle (domaingen export's FILE.zip or its unpacked folder)")
+    if several:
+        p.add_argument("--input_dir", required=True, nargs="+", metavar="[LABEL=]DIR",
+                       help=what + "; several side by side: each one's algorithms become rows 'ALGORITHM (LABEL)' "
+                                   "(LABEL: the directory's or bundle's name unless given)")
+    else:
+        p.add_argument("--input_dir", required=True, help=what)
     p.add_argument("--format", choices=list(formats), default="markdown")
     p.add_argument("--output", default=None, help="write here instead of stdout")
     p.add_argument("--datasets", nargs="+", metavar="DATASET",
@@ -104,7 +109,7 @@ class _Moved(argparse.Action):
 # ---- the views ----
 
 def _tables_arguments(p: argparse.ArgumentParser) -> None:
-    _add_input(p)
+    _add_input(p, several=True)
     _add_selection(p)
     _add_hparams_choice(p)
     _add_error(p)
@@ -189,7 +194,7 @@ def _top_hparams(ns: argparse.Namespace) -> int:
 
 
 def _trajectories_arguments(p: argparse.ArgumentParser) -> None:
-    _add_input(p, PLAIN_FORMATS)
+    _add_input(p, PLAIN_FORMATS, several=True)
     _add_fields(p, True, "the record fields to follow, as globs (e.g. 'modreg_*kept_fraction')")
 
 
@@ -214,6 +219,32 @@ def _draws(ns: argparse.Namespace) -> int:
     collection = _collection(ns.input_dir, ns)
     text = render(draws_table(collection.records, ns.fields),
                   "every hparams draw, training-domain validation (accuracies in %)", ns.format)
+    return _write(text, ns.output)
+
+
+def _correlations_arguments(p: argparse.ArgumentParser) -> None:
+    _add_input(p, PLAIN_FORMATS)
+    _add_selection(p)
+    _add_hparams_choice(p)
+    _add_fields(p, True, "the record fields whose relation to --against to measure, as globs")
+    p.add_argument("--against", nargs="+", required=True, metavar="GLOB",
+                   help="the fields (globs) whose mean is the quantity to predict, e.g. 'fc_acc_s0.5' 'fc_acc_s1'")
+    p.add_argument("--without", nargs="+", default=[], metavar="ALGORITHM", help="leave these algorithms out")
+
+
+def _correlations(ns: argparse.Namespace) -> int:
+    from domaingen.cli.sweep_commands import _collection, _methods, _write
+    from domaingen.tables.correlations import correlation_tables, title
+    from domaingen.tables.reporting import build_tables
+    from domaingen.tables.views import matching_fields, render
+
+    _check_hparams_choice(ns)
+    collection = _collection(ns.input_dir, ns)
+    methods = _methods(collection, ns.selection, collection.bundle)
+    tables = build_tables(collection, methods, ns.hparams_choice)
+    result = correlation_tables(tables, collection.records, ns.fields, ns.against, ns.without)
+    text = render(result, title(matching_fields(collection.records, ns.against), ns.without), ns.format,
+                  key_names=("dataset", "selection"))
     return _write(text, ns.output)
 
 
@@ -338,6 +369,10 @@ VIEWS: dict[str, View] = {
         "per dataset, algorithm and test env, the mask-by-domain matrices of `evaluate --masks_x_domains` "
         "(DMG's Table 4) of the runs training-domain validation selects, mean ± error over trials",
         _masks_x_domains_arguments, _masks_x_domains),
+    "correlations": View(
+        "per dataset and selection method, Spearman's rank correlation of record fields with the mean of "
+        "--against fields, over the selected runs and over the algorithms' means", _correlations_arguments,
+        _correlations),
     "ranks": View(
         "per selection method, the algorithms' ranks on each dataset and their average ranks, with Friedman's "
         "test and the Nemenyi critical difference (Demšar 2006)", _ranks_arguments, _ranks),

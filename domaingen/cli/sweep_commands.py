@@ -284,11 +284,32 @@ def _methods(collection, asked: Sequence[str] | None, bundle: dict | None) -> li
     return default_selection_methods(has_pairs=bool((collection.records["test_envs"].map(len) == 2).any()))
 
 
-def _collection(sweep_dir: str, ns: argparse.Namespace):
-    """The records and runs of `sweep_dir` (or of a bundle) as collect tabulates them (with --datasets applied)."""
-    from domaingen.tables.collect import collect, only_datasets
+def labelled_sources(sources: Sequence[str]) -> list[tuple[str, str]]:
+    """`[LABEL=]DIR` arguments as (label, source); a label defaults to the directory's or bundle's name."""
+    pairs = []
+    for source in sources:
+        label, sep, path = source.partition("=")
+        if not sep or Path(source).exists():
+            label, path = Path(source.rstrip("/")).stem, source
+        pairs.append((label, path))
+    labels = [label for label, _ in pairs]
+    twice = sorted({label for label in labels if labels.count(label) > 1})
+    if twice:
+        raise DomaingenError(f"--input_dir: two sources are labelled {twice[0]}; name them LABEL=DIR")
+    return pairs
+
+
+def _collection(sweep_dir: str | Sequence[str], ns: argparse.Namespace):
+    """The records and runs of `sweep_dir` (or of a bundle) as collect tabulates them (with --datasets applied);
+    several sources are merged, each one's algorithms labelled (`tables.collect.merged`)."""
+    from domaingen.tables.collect import collect, merged, only_datasets
     from domaingen.tables.export import bundle_collection, is_bundle
 
+    if not isinstance(sweep_dir, str):
+        if len(sweep_dir) == 1:
+            return _collection(sweep_dir[0], ns)
+        parts = [(label, _collection(path, ns)) for label, path in labelled_sources(sweep_dir)]
+        return merged(parts)
     if is_bundle(sweep_dir):
         collection, info = bundle_collection(sweep_dir, allow_mixed_sources=ns.allow_mixed_sources)
         collection.bundle = info

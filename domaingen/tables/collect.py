@@ -233,6 +233,38 @@ def only_datasets(collection: Collection, datasets: Sequence[str], where: str) -
                       [item for item in collection.skipped if item[0].split("/")[0] in kept])
 
 
+def labelled(collection: Collection, label: str) -> Collection:
+    """`collection` with every algorithm named `ALGORITHM (label)` and every run `label/RUN`,
+    so that several sweeps' runs can stand in one table as rows of their own."""
+
+    def rename(frame: pd.DataFrame) -> pd.DataFrame:
+        frame = frame.copy()
+        if "algorithm" in frame:
+            frame["algorithm"] = frame["algorithm"].map(lambda a: f"{a} ({label})" if isinstance(a, str) else a)
+        if "run" in frame:
+            frame["run"] = frame["run"].map(lambda r: f"{label}/{r}")
+        return frame
+
+    return Collection(rename(collection.records), [(f"{label}/{run}", why) for run, why in collection.failed],
+                      [f"{label}/{run}" for run in collection.incomplete], rename(collection.runs),
+                      {f"{label}/{run}": m for run, m in collection.manifests.items()}, None, collection.protocol,
+                      [(f"{label}/{file}", n, why) for file, n, why in collection.skipped])
+
+
+def merged(parts: Sequence[tuple[str, Collection]]) -> Collection:
+    """Several labelled collections as one (see `labelled`); they must share a protocol."""
+    protocols = {label: c.protocol for label, c in parts}
+    if len(set(protocols.values())) > 1:
+        listed = ", ".join(f"{label}: {protocol}" for label, protocol in protocols.items())
+        raise DomaingenError(f"the inputs follow different protocols ({listed}); a table never mixes them")
+    named = [labelled(c, label) for label, c in parts]
+    return Collection(pd.concat([c.records for c in named], ignore_index=True),
+                      [f for c in named for f in c.failed], [r for c in named for r in c.incomplete],
+                      pd.concat([c.runs for c in named], ignore_index=True),
+                      {run: m for c in named for run, m in c.manifests.items()}, None, parts[0][1].protocol,
+                      [item for c in named for item in c.skipped])
+
+
 def data_sources(records: pd.DataFrame) -> list[str]:
     """The distinct data sources of these records, sorted ("unknown" for records without one)."""
     if "data_source" not in records:

@@ -119,15 +119,16 @@ def _formatted(frame: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame({c: [cell(c, v) for v in frame[c]] for c in frame.columns})
 
 
-def render(tables: dict, title: str, fmt: str) -> str:
-    """Markdown (a heading and a table per key) or CSV (the tables stacked, the key in leading columns)."""
+def render(tables: dict, title: str, fmt: str, key_names: tuple[str, str] = ("dataset", "algorithm")) -> str:
+    """Markdown (a heading and a table per key) or CSV (the tables stacked, the key in leading columns,
+    named `key_names` for a pair, `algorithm` for one)."""
     if fmt not in FORMATS:
         raise DomaingenError(f"collect trajectories and draws print markdown or csv, not {fmt}")
     if fmt == "csv":
         frames = []
         for key, frame in tables.items():
             frame = frame.reset_index() if frame.index.name == "step" else frame
-            names = ("dataset", "algorithm") if isinstance(key, tuple) else ("algorithm",)
+            names = key_names if isinstance(key, tuple) else ("algorithm",)
             keys = key if isinstance(key, tuple) else (key,)
             frames.append(frame.assign(**dict(zip(names, keys)))[list(names) + list(frame.columns)])
         return pd.concat(frames, ignore_index=True).to_csv(index=False)
