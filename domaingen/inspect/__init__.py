@@ -82,7 +82,7 @@ split (where test accuracy is measured), at most `--max_examples` of each.
   layer: each domain's kept fraction, the fraction of kept weights that every
   domain keeps, the pairwise IoU; and per domain the accuracy on its `out` split
   with its mask beside the unmasked network's. alpha = 1e-5 is our choice, not a
-  published value: on the ERM MLP of `results/inside/` alpha = 1e-6 kept every
+  published value: on an ERM MLP of `sweeps/inside.toml` alpha = 1e-6 kept every
   weight after 150 steps and 1e-4 removed nearly all of them after 300; treat
   the masks of a bounded run as a coarse view. Csordás et al.'s tests besides:
   `accuracy_matrix` (each domain's mask on every environment's diagnostic
@@ -99,8 +99,8 @@ Cost: `make bench` (`--only diagnose`) times `diagnose` without
 `--domain_masks` of an MNIST_CNN ERM model on ColoredMNIST (3 x 2000 examples,
 448 neurons): 45 s wall and 13 s CPU, reload and ColoredMNIST build included,
 measured on the AMD EPYC (Zen 5, 2 vCPUs) shared with about seven other jobs
-(load average 15-28), 2026-11-23. With `--domain_masks` the MLP of
-`results/inside/` took 520 s wall (143 s CPU) for 2 x 300 steps under the same load.
+(load average 15-28), 2026-11-23. With `--domain_masks` an MLP of
+`sweeps/inside.toml` took 520 s wall (143 s CPU) for 2 x 300 steps under the same load.
 
 ### `domaingen report`: one page per sweep
 
