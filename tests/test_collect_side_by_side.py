@@ -124,3 +124,42 @@ def test_correlations_without_an_unknown_algorithm_is_refused(sweeps, capsys):
                        "training", "--fields", "env0_out_acc", "--against", "env1_out_acc", "--without", "CORAL")
     assert code == 2 and err.strip() == ("domaingen: error: --without CORAL: no such algorithm in the tables "
                                          "(ERM, IRM, VREx)")
+
+
+GRID = """
+algorithms = ["ERM", "IRM", "VREx"]
+datasets = ["ColoredMNIST"]
+n_hparams = 1
+n_trials = 2
+steps = 3
+checkpoint_freq = 1
+
+[[parts]]
+[parts.hparams]
+featurizer = "MLP"
+mlp_width = 8
+batch_size = 16
+
+[[parts]]
+[parts.hparams]
+featurizer = "MLP"
+mlp_width = 16
+batch_size = 16
+"""
+
+
+def test_split_by_makes_each_grid_point_a_row_equal_to_its_own_sweep(sweeps, tmp_path, capsys):
+    (tmp_path / "grid.toml").write_text(GRID)
+    assert main(["-q", "sweep", "launch", "--spec", str(tmp_path / "grid.toml"), "--output_dir", str(tmp_path / "g"),
+                 "--data_dir", "embedded", "--launcher", "local", "--no_progress", "--yes"]) == 0
+    code, text, _ = run(capsys, "collect", "--input_dir", str(tmp_path / "g"), "--selection", "training",
+                        "--split_by", "mlp_width")
+    assert code == 0
+    grid = table_rows(text)
+    for name, width in (("narrow", 8), ("wide", 16)):
+        _, alone, _ = run(capsys, "collect", "--input_dir", str(sweeps[name]), "--selection", "training")
+        for algorithm, cells in table_rows(alone).items():
+            assert grid[f"{algorithm} (mlp_width={width})"] == cells
+    code, _, err = run(capsys, "collect", "--input_dir", str(tmp_path / "g"), "--split_by", "mlp_widht")
+    assert code == 2 and err.startswith("domaingen: error: --split_by mlp_widht: no run has this hyperparameter "
+                                        "(they have: ")

@@ -123,6 +123,9 @@ def _tables_arguments(p: argparse.ArgumentParser) -> None:
                    help="also tabulate paired differences of test accuracy, ALGORITHM minus BASE over the trials "
                         "both have (same trial_seed: the same restart), each cell with a paired test's Holm-adjusted "
                         "p; no pairs given: every X+Y beside its X")
+    p.add_argument("--split_by", nargs="+", default=[], metavar="HPARAM",
+                   help="one row per value of these hyperparameters: runs that have them are named "
+                        "'ALGORITHM (HPARAM=value, ...)' (the points of a grid spec's parts as rows)")
     p.add_argument("--baseline", default=None, metavar="ALGORITHM",
                    help="also tabulate every other algorithm minus this one, paired by trial_seed, as --paired "
                         "does: each cell with a paired test's Holm-adjusted p")
@@ -143,6 +146,7 @@ def _tables(ns: argparse.Namespace) -> int:
     from domaingen.tables.comparisons import (baseline_pairs, check_paired_over, field_tables, paired_tables,
                                               parse_pairs)
     from domaingen.tables.reference import read_reference
+    from domaingen.tables.collect import split_by_hparams
     from domaingen.tables.reporting import build_tables, to_csv, to_latex, to_markdown
     from domaingen.tables.selection import pair_methods_left_out
 
@@ -152,6 +156,8 @@ def _tables(ns: argparse.Namespace) -> int:
         raise DomaingenError(f"--paired_over {ns.paired_over} says what --paired or --baseline pairs; add one of them")
     reference = pd.concat([read_reference(f) for f in ns.reference], ignore_index=True) if ns.reference else None
     collection = _collection(ns.input_dir, ns)
+    if ns.split_by:
+        collection = split_by_hparams(collection, ns.split_by)
     check_paired_over(ns.paired_over, collection.protocol)
     methods = _methods(collection, ns.selection, collection.bundle)
     tables = build_tables(collection, methods, ns.hparams_choice, reference)

@@ -251,6 +251,32 @@ def labelled(collection: Collection, label: str) -> Collection:
                       [(f"{label}/{file}", n, why) for file, n, why in collection.skipped])
 
 
+def split_by_hparams(collection: Collection, keys: Sequence[str]) -> Collection:
+    """`collection` with each algorithm split by the values of hyperparameters `keys`: a run whose
+    hparams hold any of them is named `ALGORITHM (key=value, ...)`, so that the points of a grid
+    (runs of one algorithm, hparams seed and trial that differ in these values) become rows.
+    Runs without any of the keys keep their name. A key no run has is an error."""
+    decoded = {h: json.loads(h) for h in collection.records["hparams"].unique()}
+    present = {k for h in decoded.values() for k in h}
+    unknown = [k for k in keys if k not in present]
+    if unknown:
+        raise DomaingenError(f"--split_by {unknown[0]}: no run has this hyperparameter (they have: "
+                             f"{', '.join(sorted(present))})")
+
+    def name(algorithm: str, hparams: str) -> str:
+        values = [f"{k}={json.dumps(decoded[hparams][k])}" for k in keys if k in decoded[hparams]]
+        return f"{algorithm} ({', '.join(values)})" if values else algorithm
+
+    records = collection.records.copy()
+    records["algorithm"] = [name(a, h) for a, h in zip(records["algorithm"], records["hparams"])]
+    by_run = records.drop_duplicates("run").set_index("run")["algorithm"]
+    runs = collection.runs.copy()
+    if len(runs) and "algorithm" in runs:
+        runs["algorithm"] = [by_run.get(r, a) for r, a in zip(runs["run"], runs["algorithm"])]
+    return Collection(records, collection.failed, collection.incomplete, runs, collection.manifests,
+                      collection.bundle, collection.protocol, collection.skipped)
+
+
 def merged(parts: Sequence[tuple[str, Collection]]) -> Collection:
     """Several labelled collections as one (see `labelled`); they must share a protocol."""
     protocols = {label: c.protocol for label, c in parts}
