@@ -306,3 +306,59 @@ def test_adapting_a_run_without_selected_weights_names_the_run(sweep, tmp_path):
         adapt_run(run, ["TentClf"])
     assert str(info.value) == (f"run {run} has no selected weights (selected.pt) to adapt: it was trained before runs "
                                "kept them, or has no validation split; retrain it to adapt it")
+
+
+# --- the command and the tables ---
+
+def run_cli(capsys, *argv: str) -> tuple[int, str, str]:
+    from domaingen.cli.main import main
+
+    code = main(["-q", *argv])
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def test_cli_bad_adapters_exit_2_with_one_line(sweep, capsys):
+    code, _, err = run_cli(capsys, "adapt", "--input_dir", str(sweep), "--adapters", "T3B")
+    assert code == 2 and err.count("\n") == 1
+    assert "unknown adapter 'T3B' in --adapters; did you mean 'T3A'? valid adapters: T3A, TentFull" in err
+    code, _, err = run_cli(capsys, "adapt", "--input_dir", str(sweep), "--adapters", "TentNorm")
+    assert code == 2 and err == ("domaingen: error: TentNorm adapts the featurizer's BatchNorm layers and MLP has none; "
+                                 "adapt a run with a BatchNorm featurizer (a ResNet), or use TentPreBN, which adds its own\n")
+    assert not any(sweep.glob("*/adapted_TentNorm.jsonl"))
+
+
+def expected_cell(sweep: Path, adapter: str, val_fields: list[str]) -> float:
+    """The test accuracy (env2 in) of the (draw, grid point) with the best mean of `val_fields`; ties: the
+    largest encoded hparams_seed (draw * grid size + index), as DomainBed's per-trial rule breaks them."""
+    best = None
+    for seed in (0, 1):
+        for r in map(json.loads, adapted_file(sweep / f"erm{seed}", adapter).read_text().splitlines()):
+            key = (sum(r[f] for f in val_fields) / len(val_fields), seed * r["grid_size"] + r["grid_index"])
+            if best is None or key > best[0]:
+                best = (key, r["env2_in_acc"])
+    return best[1]
+
+
+def test_collect_shows_adapted_rows_selected_by_each_rule(sweep, capsys):
+    code, out, _ = run_cli(capsys, "adapt", "--input_dir", str(sweep))
+    assert code == 0
+    outcomes = {line.split()[0]: " ".join(line.split()[1:-1]) for line in out.splitlines()[2:-1]}
+    assert outcomes["TentFull"].startswith("undefined: TentFull adapts the featurizer's BatchNorm layers and MLP has none")
+    assert outcomes["T3A"] == "stored already" and outcomes["SHOT"] == "done"
+    code, out, _ = run_cli(capsys, "collect", "--input_dir", str(sweep), "--format", "csv")
+    assert code == 0
+    import csv
+    import io
+
+    rows = list(csv.DictReader(io.StringIO(out)))
+    cells = {(r["selection"], r["table"], r["algorithm"]): float(r["mean"]) for r in rows if r["column"] == "-90%"}
+    for adapter in ("T3A", "TentPreBN", "SHOT"):
+        training = expected_cell(sweep, adapter, ["env0_out_acc", "env1_out_acc"])
+        oracle = expected_cell(sweep, adapter, ["env2_out_acc"])
+        assert cells[("training", "test", f"ERM+{adapter}")] == pytest.approx(training, abs=1e-12)
+        assert cells[("oracle", "test", f"ERM+{adapter}")] == pytest.approx(oracle, abs=1e-12)
+    assert ("training", "test", "ERM+TentFull") not in cells and ("training", "test", "ERM") in cells
+    code, out, _ = run_cli(capsys, "collect", "--input_dir", str(sweep))
+    assert "rows X+ADAPTER: X's selected weights adapted at test time" in out and "| ERM+SHOTIM " in out
+    assert "2 done runs, " in out  # adapted results are not runs
