@@ -1,9 +1,9 @@
 """Plugins: modules outside the package that register algorithms, datasets, featurizers,
-selection methods or launchers.
+selection methods, launchers or test-time adapters.
 
 A plugin is an ordinary Python module whose import registers names in the tables
 (`ALGORITHMS`, `DATASETS`, `FEATURIZERS`, `tables.selection.SELECTION_METHODS`,
-`sweep.launch.LAUNCHERS`). Plugins come from three places, loaded in
+`sweep.launch.LAUNCHERS`, `adapt.ADAPTERS`). Plugins come from three places, loaded in
 this order:
 
 1. the entry-point group `domaingen.plugins` of every installed package

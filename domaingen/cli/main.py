@@ -1,4 +1,4 @@
-"""The `domaingen` command: train, list, sweep, collect, download, evaluate, diagnose, report."""
+"""The `domaingen` command: train, list, sweep, collect, download, adapt, evaluate, diagnose, report."""
 
 from __future__ import annotations
 
@@ -81,6 +81,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_export_parser(sub)
     _add_check_results_parser(sub)
     _add_download_parser(sub)
+    _add_adapt_parser(sub)
     inspect_cli.add_parsers(sub)
     spec_cli.add_parser(sub)
     return parser
@@ -99,6 +100,19 @@ def _add_download_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("download", help="fetch a dataset from its official source into --data_dir")
     p.add_argument("--dataset", required=True, choices=DOWNLOADABLE, type=str.lower, help="any case")
     p.add_argument("--data_dir", default=None, help="default: $DOMAINGEN_DATA, else ./data")
+
+
+def _add_adapt_parser(sub: argparse._SubParsersAction) -> None:
+    from domaingen.adapt import ADAPTERS
+
+    p = sub.add_parser("adapt", help="test-time adaptation of every done run of a sweep (T3A, Tent, SHOT, ...), "
+                                     "stored beside each run; collect shows the rows X+ADAPTER")
+    p.add_argument("--input_dir", required=True, help="the sweep's output directory (or one run)")
+    p.add_argument("--adapters", nargs="+", metavar="ADAPTER", default=None,
+                   help=f"default: every adapter defined for each run ({', '.join(ADAPTERS.names())}); one named here "
+                        "that a run cannot use is an error")
+    p.add_argument("--data_dir", default=None, help="default: the directory each run was trained from")
+    p.add_argument("--device", default="auto", help="auto (CUDA when present), cpu, cuda, cuda:N")
 
 
 def _add_sweep_parser(sub: argparse._SubParsersAction) -> None:
@@ -265,6 +279,7 @@ def cmd_list(ns: argparse.Namespace) -> int:
 
 def _print_plugins() -> None:
     """The names each loaded plugin registered (nothing when no plugin is loaded)."""
+    from domaingen.adapt import ADAPTERS
     from domaingen.algorithms import ALGORITHMS
     from domaingen.datasets import DATASETS
     from domaingen.networks import FEATURIZERS
@@ -276,7 +291,7 @@ def _print_plugins() -> None:
     if not plugins:
         return
     rows = []
-    for table in (ALGORITHMS, DATASETS, FEATURIZERS, SELECTION_METHODS, LAUNCHERS):
+    for table in (ALGORITHMS, DATASETS, FEATURIZERS, SELECTION_METHODS, LAUNCHERS, ADAPTERS):
         for name, module in table.owners().items():
             if not module.endswith("(built in)"):
                 rows.append([module, table.kind, name])
@@ -310,6 +325,16 @@ def cmd_check_results(ns: argparse.Namespace) -> int:
     return 1 if problems else 0
 
 
+def cmd_adapt(ns: argparse.Namespace) -> int:
+    from domaingen.adapt import adapt_sweep
+
+    counts = adapt_sweep(ns.input_dir, ns.adapters, data_dir=ns.data_dir, device=ns.device)
+    rows = [[adapter, what, n] for (adapter, what), n in sorted(counts.items())]
+    print(tabulate(rows, headers=["adapter", "outcome", "runs"]))
+    print("Runs are adapted one after another in this process; rerunning skips what is stored.")
+    return 0
+
+
 def cmd_download(ns: argparse.Namespace) -> int:
     from domaingen.datasets import resolve_data_dir
     from domaingen.datasets.download import download
@@ -319,8 +344,7 @@ def cmd_download(ns: argparse.Namespace) -> int:
 
 
 COMMANDS = {"train": cmd_train, "list": cmd_list, "sweep": cmd_sweep, "collect": cmd_collect, "export": cmd_export,
-            "check-results": cmd_check_results,
-            "download": cmd_download}
+            "check-results": cmd_check_results, "download": cmd_download, "adapt": cmd_adapt}
 COMMANDS.update(inspect_cli.COMMANDS)
 COMMANDS["spec"] = spec_cli.run
 

@@ -50,6 +50,8 @@ class Collection:
     protocol: str = RECORDED_DEFAULT  # the protocol every record followed
     # records of done runs left out, so tables can say so: (the file, how many, which and why)
     skipped: list[tuple[str, int, str]] = field(default_factory=list)
+    # test-time adaptation results read as records of algorithms 'X+ADAPTER' (adapted_records)
+    adapted: pd.DataFrame = field(default_factory=pd.DataFrame)
 
 
 # Arguments only DomainBed's train.py records: a run without `protocol` that has one is DomainBed's own.
@@ -148,6 +150,7 @@ def collect(input_dir: str | os.PathLike, allow_mixed_sources: bool = False, pro
     incomplete: list[str] = []
     manifests: dict[str, dict | None] = {}
     skipped: list[tuple[str, int, str]] = []
+    adapted: list[dict] = []
     for path in _run_dirs(root):
         if (path / DONE).exists():
             manifests[path.name] = read_manifest(path)
@@ -162,6 +165,7 @@ def collect(input_dir: str | os.PathLike, allow_mixed_sources: bool = False, pro
                 log.warning("skipping %d records without args or step in %s", len(records) - len(flat), path)
                 skipped.append((f"{path.name}/{RESULTS}", len(records) - len(flat), "records without args or step"))
             rows.extend(flat)
+            adapted.extend(adapted_records(path, flat[0]) if flat else [])
             run_rows.append(_run_row(path, "done", records[0] if records else None))
         elif (path / FAILED).exists():
             failed.append((path.name, (path / FAILED).read_text().strip()))
@@ -175,7 +179,7 @@ def collect(input_dir: str | os.PathLike, allow_mixed_sources: bool = False, pro
             "launch or resume the sweep first (domaingen sweep launch)"
         )
     collection = only_protocol(Collection(pd.DataFrame(rows), failed, incomplete, pd.DataFrame(run_rows), manifests,
-                                          skipped=skipped), protocol, str(root))
+                                          skipped=skipped, adapted=pd.DataFrame(adapted)), protocol, str(root))
     if not allow_mixed_sources:
         check_data_sources(collection.records)
     return collection
@@ -204,7 +208,8 @@ def only_protocol(collection: Collection, protocol: str | None, where: str) -> C
     return Collection(records, [(r, why) for r, why in collection.failed if r in kept],
                       [r for r in collection.incomplete if r in kept], runs,
                       {run: m for run, m in collection.manifests.items() if run in kept}, collection.bundle, protocol,
-                      [item for item in collection.skipped if item[0].split("/")[0] in kept])
+                      [item for item in collection.skipped if item[0].split("/")[0] in kept],
+                      _adapted_of(collection.adapted, set(records["run"])))
 
 
 def only_datasets(collection: Collection, datasets: Sequence[str], where: str) -> Collection:
@@ -230,7 +235,65 @@ def only_datasets(collection: Collection, datasets: Sequence[str], where: str) -
     return Collection(records, [(run, why) for run, why in collection.failed if run in kept],
                       [run for run in collection.incomplete if run in kept], runs.reset_index(drop=True),
                       {run: m for run, m in collection.manifests.items() if run in kept}, collection.bundle, collection.protocol,
-                      [item for item in collection.skipped if item[0].split("/")[0] in kept])
+                      [item for item in collection.skipped if item[0].split("/")[0] in kept],
+                      _adapted_of(collection.adapted, set(records["run"])))
+
+
+ADAPTED_FILES = "adapted_*.jsonl"  # domaingen.adapt.run writes one per adapter beside a run
+# the record fields of a run that its adapted records keep (what selection and the captions read)
+ADAPTED_KEPT = ("dataset", "test_envs", "trial_seed", "data_source", "backbone", "protocol", "in_domain_test")
+
+
+def adapted_records(path: Path, run_row: dict) -> list[dict]:
+    """The stored test-time adaptation results of the run at `path` as records (`run_row`: one of its
+    flattened records).
+
+    Each (adapter, grid point) is a record of algorithm '{algorithm}+{adapter}' whose
+    `base_algorithm` is the run's, in a run named '{run}#{adapter}#{grid index}', with the
+    adapted accuracies and the selected step. Its hparams_seed is the run's times the
+    grid's size plus the point's index: the adapter's grid is one more dimension of the
+    draws that selection searches (training-domain validation on the training domains'
+    adapted `out` splits, the oracle on the held-out one's), and `hparams` holds the
+    point under "adapt".
+    """
+    rows = []
+    for file in sorted(path.glob(ADAPTED_FILES)):
+        for record in read_jsonl(file):
+            if not isinstance(record, dict) or "adapter" not in record:
+                continue
+            row = {key: run_row.get(key) for key in ADAPTED_KEPT}
+            row.update({k: v for k, v in record.items() if re.fullmatch(r"env\d+_(in|out)_acc", k)})
+            size, index = int(record.get("grid_size", 1)), int(record.get("grid_index", 0))
+            hparams = {**json.loads(run_row.get("hparams") or "{}"), "adapt": record.get("adapt_hparams", {})}
+            row.update(run=f"{path.name}#{record['adapter']}#{index}", step=record.get("step", 0),
+                       algorithm=f"{run_row['algorithm']}+{record['adapter']}", base_algorithm=run_row["algorithm"],
+                       adapter=record["adapter"], hparams_seed=int(run_row["hparams_seed"]) * size + index,
+                       hparams=json.dumps(hparams, sort_keys=True))
+            rows.append(row)
+    return rows
+
+
+def _adapted_of(adapted: pd.DataFrame, runs: set[str]) -> pd.DataFrame:
+    """The adapted records of `runs` (run directory names)."""
+    if adapted.empty:
+        return adapted
+    return adapted[adapted["run"].map(lambda run: run.split("#", 1)[0] in runs)].reset_index(drop=True)
+
+
+def table_records(collection: Collection) -> pd.DataFrame:
+    """What the tables select from: the records, each test-time mode's copy (expand_modes), and the
+    adapted records (adapted_records)."""
+    records = expand_modes(collection.records)
+    if collection.adapted.empty:
+        return records
+    return pd.concat([records, collection.adapted], ignore_index=True)
+
+
+def adapted_algorithms(records: pd.DataFrame) -> list[str]:
+    """The adapted rows' algorithms ('ERM+T3A', ...) among `records`, sorted."""
+    if "adapter" not in records:
+        return []
+    return sorted(records.loc[records["adapter"].notna(), "algorithm"].unique())
 
 
 def labelled(collection: Collection, label: str) -> Collection:

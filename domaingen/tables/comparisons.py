@@ -28,7 +28,7 @@ import pandas as pd
 
 from domaingen.errors import DomaingenError
 from domaingen.run.protocol import DOMAINBED
-from domaingen.tables.collect import Collection, expand_modes, n_environments
+from domaingen.tables.collect import Collection, n_environments, table_records
 from domaingen.tables.reporting import Cell, Table, environment_names, held_out_environments
 from domaingen.tables.selection import HPARAMS_CHOICE_TITLES, selected_per_run
 from domaingen.tables.statistics import WILCOXON_MIN_N, holm, paired_test
@@ -123,7 +123,7 @@ def draw_cells(collection: Collection, method: str) -> dict[tuple[str, str, str]
     hparams draw and trial) at the checkpoint `method` picks within that run
     (selection.selected_per_run), in (hparams_seed, trial_seed) order, with a trace naming each
     run's seeds, step and directory."""
-    records = expand_modes(collection.records)
+    records = table_records(collection)
     per_run = selected_per_run(records, method)
     if per_run.empty:
         return {}

@@ -45,7 +45,7 @@ import domaingen
 from domaingen.errors import DomaingenError
 from domaingen.run.manifest import MANIFEST
 from domaingen.run.rundir import ARGS, CHECKPOINT, DONE, FINAL, LOG, RESULTS, SELECTED
-from domaingen.tables.collect import Collection, collect, expand_modes
+from domaingen.tables.collect import ADAPTED_FILES, Collection, collect, table_records
 from domaingen.tables.selection import select, selection_method, training_domain_validation
 from domaingen.tables.wilds_selection import wilds_select
 
@@ -97,7 +97,7 @@ def chosen_runs(collection: Collection, methods: Sequence[str], hparams_choice: 
     A method that validates on pair runs (leave-one-domain-out) reads those of the chosen draw;
     they come with it (step -1: chosen for validation). WILDS' official-split tables add their runs.
     """
-    records = expand_modes(collection.records)
+    records = table_records(collection)
     chosen: dict[str, dict[str, int]] = {}
     for method in methods:
         picked = select(records, method, hparams_choice)
@@ -168,6 +168,7 @@ def export_bundle(input_dir: str | os.PathLike, output: str | os.PathLike, colle
     for run in sorted(runs):
         run_dir = source / run
         files = [f for f in RUN_FILES if (run_dir / f).exists()]
+        files += sorted(p.name for p in run_dir.glob(ADAPTED_FILES))  # test-time adaptation results
         if run in chosen and weights:
             selected_step = int(training_steps[run]) if run in training_steps.index else None
             files += _weights_for(run_dir, chosen[run], int(last_steps.get(run, -1)), selected_step)

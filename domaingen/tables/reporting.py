@@ -30,7 +30,7 @@ import numpy as np
 import pandas as pd
 from tabulate import tabulate
 
-from domaingen.tables.collect import Collection, RunGrid, data_sources, expand_modes, n_environments
+from domaingen.tables.collect import Collection, RunGrid, adapted_algorithms, data_sources, n_environments, table_records
 from domaingen.datasets import DATASETS
 from domaingen.tables.provenance import mixed_versions_note
 from domaingen.run.protocol import PROTOCOL_NOTES
@@ -306,6 +306,14 @@ def _title_suffix(hparams_choice: str) -> str:
     return "" if hparams_choice == "per_trial" else f", {HPARAMS_CHOICE_TITLES[hparams_choice]}"
 
 
+def adapted_note(records: pd.DataFrame) -> str:
+    """The caption's mark of adapted rows ('' when the records have none)."""
+    if not adapted_algorithms(records):
+        return ""
+    return ("; rows X+ADAPTER: X's selected weights adapted at test time to each unlabeled split (the T3A fork's "
+            "protocol), the adapter's hyperparameters selected as draws by the same rule")
+
+
 def dataset_tables(
     collection: Collection, method: str, hparams_choice: str = "per_trial"
 ) -> tuple[list[Table], list[Table]]:
@@ -313,11 +321,11 @@ def dataset_tables(
 
     Columns are the environments the sweep held out (held_out_environments), then Avg
     where it is defined (average_label). Test-time modes become rows of their own
-    (collect.expand_modes); a mode with no test accuracy anywhere (known-domain:
+    (collect.table_records: modes and test-time adaptation); a mode with no test accuracy anywhere (known-domain:
     undefined on a held-out domain) has a row in the in-domain table only. A dataset
     without single-environment runs (WILDS' official splits) has no table here.
     """
-    records = expand_modes(collection.records)
+    records = table_records(collection)
     bases = records.groupby("algorithm")["base_algorithm"].first().dropna().to_dict() if "base_algorithm" in records else {}
     entry = selection_method(method)
     selected = select(records, method, hparams_choice)
@@ -362,7 +370,7 @@ def dataset_tables(
             if test_defined or algorithm not in bases:
                 test_rows[algorithm] = test_cells + average
             in_rows[algorithm] = in_cells + ([_average_cell(in_cells)] if avg else [])
-        title = entry.description + _title_suffix(hparams_choice)
+        title = entry.description + _title_suffix(hparams_choice) + adapted_note(records[records["dataset"] == dataset])
         source = source_label(records, dataset)
         test_tables.append(Table(f"{dataset}: test accuracy, {title}", f"{dataset}/{method}/test", columns, test_rows,
                                  data_source=source, hparams_choice=hparams_choice))

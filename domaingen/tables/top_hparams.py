@@ -15,7 +15,7 @@ from typing import Sequence
 import pandas as pd
 from tabulate import tabulate
 
-from domaingen.tables.collect import Collection, expand_modes, n_environments
+from domaingen.tables.collect import Collection, n_environments, table_records
 from domaingen.tables.reporting import environment_names
 from domaingen.tables.selection import HPARAMS_CHOICE_TITLES, select, selection_method
 
@@ -25,7 +25,7 @@ COLUMNS = ["selection", "hparams_choice", "dataset", "algorithm", "test_env", "t
 
 def selected_runs(collection: Collection, methods: Sequence[str], hparams_choice: str = "per_trial") -> pd.DataFrame:
     """One row per selection method and selected (dataset, algorithm, test_env, trial_seed): COLUMNS."""
-    records = expand_modes(collection.records)
+    records = table_records(collection)
     parts = []
     for method in methods:
         chosen = select(records, method, hparams_choice)
