@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import hashlib
 import json
 import logging
 import math
@@ -12,6 +13,7 @@ import re
 import resource
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 import torch
@@ -60,8 +62,9 @@ from domaingen.run.protocol import (
     draw_domainbed_hparams,
 )
 from domaingen.run.rundir import DONE_STATE, FAILED_STATE, INCOMPLETE, LOG, RunDirectory, to_json
+from domaingen.run.runlock import RunLockedError, run_lock
 from domaingen.run.shared_init import (INIT_FIELD, PROBE_DIR, SHARED_INIT_CHOICES, linear_probe_update,
-                                       load_initialisation, prepare_linear_probe, shared_initialisation)
+                                       load_initialisation, prepare_linear_probe, state_id)
 from domaingen.run.selected import final_evaluation, selection_modes, stored_selection, update_selected
 from domaingen.run.settings import (
     BOOL,
@@ -75,6 +78,7 @@ from domaingen.run.settings import (
     UNLESS,
     check_value,
     declared,
+    job_identity,
     non_identity_names,
     setting,
 )
@@ -506,6 +510,32 @@ def train(config: TrainConfig, dataset_cache: DatasetCache | None = None) -> Run
         package_log.removeHandler(handler)
         package_log.setLevel(saved_level)
         handler.close()
+
+
+def probe_config(run: ResolvedRun) -> TrainConfig:
+    """The linear probe that `run` (with shared_init) starts from: hparams draw 0 of its trial, with its
+    dataset, algorithm, test environments, steps and splits, in PROBE_DIR beside it (named by a hash)."""
+    values = {item.name: getattr(run.settings, item.name) for item in SETTINGS}
+    values.update(hparams_seed=0, seed=None, shared_init=None, linear_probe=True, train_in_every=None,
+                  time_budget=None, loggers=[])
+    name = hashlib.md5(json.dumps(job_identity(SETTINGS, values), sort_keys=True).encode()).hexdigest()
+    return TrainConfig(**{**values, "output_dir": str(Path(run.settings.output_dir).parent / PROBE_DIR / name)})
+
+
+def shared_initialisation(run: ResolvedRun, dataset_cache: DatasetCache | None = None
+                          ) -> tuple[dict[str, torch.Tensor], str]:
+    """(the weights `run` starts from, their state_id): the last checkpoint of its trial's linear probe,
+    trained first unless done; a probe another process is training is waited for."""
+    config = probe_config(run)
+    while True:
+        try:
+            with run_lock(config.output_dir):
+                train(config, dataset_cache)
+            break
+        except RunLockedError:
+            time.sleep(2.0)
+    weights = RunDirectory(config.output_dir).load_checkpoint()["algorithm"]["model"]
+    return weights, state_id(weights)
 
 
 def _run_splits(run: ResolvedRun, dataset: MultiDomainDataset, dataset_cache: DatasetCache | None) -> list:
