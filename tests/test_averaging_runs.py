@@ -12,7 +12,7 @@ import torch
 from conftest import FAST_HPARAMS
 from domaingen.cli.main import main
 from domaingen.inspect.combine import average_sweep
-from domaingen.inspect.combiners import average_states, greedy
+from domaingen.inspect.combiners import COMBINERS, average_states, greedy, register_combiner
 from domaingen.run.reload import evaluate_run, load_run, read_weights
 from domaingen.run.rundir import RunDirectory, to_json
 from domaingen.sweep.spec import build_jobs, parse_spec
@@ -127,6 +127,20 @@ def test_greedy_follows_diwas_loop_on_made_up_accuracies():
     # by hand: a (first), b (0.55 >= 0.50), c rejected (0.54 < 0.55), d kept (0.55, equal), e rejected
     assert greedy(list("cadeb"), own.get, soup) == ["a", "b", "d"]
     assert calls == ["a", "ab", "abc", "abd", "abde"]  # in decreasing own accuracy; equals (d, e) by given order
+
+
+def test_a_plugin_adds_a_combiner(sweep, tmp_path):
+    register_combiner("best-only", "the best-validating run alone")(lambda runs, own, _: [max(runs, key=own)])
+    try:
+        root, runs = sweep
+        for run in runs:
+            shutil.copytree(run, tmp_path / run.name)
+        average_sweep(tmp_path, ["best-only"])
+    finally:
+        COMBINERS.unregister("best-only")
+    record = combined_records(tmp_path)["best-only"]
+    best = max(runs, key=lambda r: RunDirectory(r).load_selected()["val_acc"])
+    assert record["combined"] == [best.name] and record["args"]["algorithm"] == "ERM (best-only)"
 
 
 # ---- collect
