@@ -36,6 +36,16 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                    help="examples per environment for activation statistics (default: 2000)")
     p.add_argument("--output", default=None, help="where to write diagnostics.json (default: RUN_DIR/diagnostics.json)")
 
+    from domaingen.inspect.combiners import COMBINERS
+
+    p = sub.add_parser("average", help="combine each trial's runs of a sweep (DiWA, soup, ENS) into runs that collect "
+                                       "shows as rows X (LABEL)")
+    p.add_argument("--input_dir", required=True, help="the sweep directory; writes INPUT_DIR/combined/")
+    p.add_argument("--combiners", nargs="+", choices=COMBINERS.names(), default=None,
+                   help="; ".join(f"{n}: {COMBINERS.get(n).description}" for n in COMBINERS.names()) + "; default: all")
+    p.add_argument("--data_dir", default=None, help="default: the directory the runs were trained from")
+    p.add_argument("--device", default="auto", help="auto (CUDA when present), cpu, cuda, cuda:N")
+
     p = sub.add_parser("report", help="an HTML page of a sweep: tables, curves, masks, selectivity (needs the plots extra)")
     p.add_argument("sweep_dir")
     p.add_argument("--output", required=True, help="directory for index.html and its PNG figures")
@@ -266,3 +276,21 @@ def report_command(ns: argparse.Namespace) -> int:
 
 
 COMMANDS["report"] = report_command
+
+
+def average_command(ns: argparse.Namespace) -> int:
+    from domaingen.cli.sweep_commands import load_recorded_plugins
+    from domaingen.inspect.combine import average_sweep
+
+    load_recorded_plugins(ns.input_dir)
+    results = average_sweep(ns.input_dir, ns.combiners, ns.data_dir, ns.device)
+    rows = [[c.args["dataset"], c.args["algorithm"], ",".join(map(str, c.args["test_envs"])), c.args["trial_seed"],
+             f"{c.record['n_combined']} of {len(c.args['members'])}", "written" if changed else "unchanged"]
+            for c, changed in results]
+    print(tabulate(rows, headers=["dataset", "row", "test env", "trial", "runs combined", ""]))
+    print(f"\n{sum(changed for _, changed in results)} written to {ns.input_dir}/combined; "
+          f"`domaingen collect --input_dir {ns.input_dir}` shows them")
+    return 0
+
+
+COMMANDS["average"] = average_command

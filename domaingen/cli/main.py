@@ -285,13 +285,14 @@ def _print_plugins() -> None:
     from domaingen.networks import FEATURIZERS
     from domaingen.plugins import loaded_plugins
     from domaingen.sweep.launch import LAUNCHERS
+    from domaingen.inspect.combiners import COMBINERS
     from domaingen.tables.selection import SELECTION_METHODS
 
     plugins = loaded_plugins()
     if not plugins:
         return
     rows = []
-    for table in (ALGORITHMS, DATASETS, FEATURIZERS, SELECTION_METHODS, LAUNCHERS, ADAPTERS):
+    for table in (ALGORITHMS, DATASETS, FEATURIZERS, SELECTION_METHODS, LAUNCHERS, ADAPTERS, COMBINERS):
         for name, module in table.owners().items():
             if not module.endswith("(built in)"):
                 rows.append([module, table.kind, name])

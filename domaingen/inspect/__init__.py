@@ -1,5 +1,7 @@
 r"""Looking inside runs: `domaingen evaluate` and `diagnose` (diagnose.py, with neurons.py and
-domain_masks.py: pure functions, tested by hand) and the HTML report of a sweep (report.py).
+domain_masks.py: pure functions, tested by hand), the HTML report of a sweep (report.py), and a
+sweep's runs combined per trial, `domaingen average` (combine.py, with the combiners' table in
+combiners.py).
 
 Reference (`python -m pydoc domaingen.inspect` prints it):
 
@@ -141,4 +143,17 @@ and the sweep's run grid once rather than masking the frames per cell (under loa
 table step takes 11.2 s this way, 18.8 s masking per cell). `diagnose` of an MNIST_CNN run
 (`--only diagnose`, no domain masks, 3 environments x 2000 examples, 448 neurons):
 6.2 s wall on the same idle machine (target 1 minute).
+
+### `domaingen average`: DiWA, soups and ENS from a sweep's runs
+
+```
+domaingen sweep launch ... --shared_init linear_probe   # every draw of a trial fine-tunes its linear probe
+domaingen average --input_dir SWEEP_DIR [--combiners DiWA-uniform DiWA-greedy soup ENS]
+domaingen collect --input_dir SWEEP_DIR                 # rows X (DiWA-greedy), X (DiWA-uniform), X (soup), X (ENS)
+```
+combines, per (dataset, algorithm, test environments, trial), the sweep's done runs and writes
+each combination to `SWEEP_DIR/combined/` as a run with one record (see combine.py and
+combiners.py). Weight averages are refused in one line, with nothing written, for runs without
+one shared initialisation (`shared_init_id` in their records) or of different architectures,
+and DiWA-greedy for runs without validation records.
 """

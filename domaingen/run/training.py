@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
+import hashlib
 import json
 import logging
 import math
@@ -11,6 +13,7 @@ import re
 import resource
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 import torch
@@ -59,6 +62,9 @@ from domaingen.run.protocol import (
     draw_domainbed_hparams,
 )
 from domaingen.run.rundir import DONE_STATE, FAILED_STATE, INCOMPLETE, LOG, RunDirectory, to_json
+from domaingen.run.runlock import RunLockedError, run_lock
+from domaingen.run.shared_init import (INIT_FIELD, PROBE_DIR, SHARED_INIT_CHOICES, linear_probe_update,
+                                       load_initialisation, prepare_linear_probe, state_id)
 from domaingen.run.selected import final_evaluation, selection_modes, stored_selection, update_selected
 from domaingen.run.settings import (
     BOOL,
@@ -72,6 +78,7 @@ from domaingen.run.settings import (
     UNLESS,
     check_value,
     declared,
+    job_identity,
     non_identity_names,
     setting,
 )
@@ -207,6 +214,16 @@ class TrainConfig:
              "environments, for paired comparisons; default: domainbed where DomainBed has the algorithm and the "
              "dataset (every one of a sweep's), else paired; a resumed run or relaunched sweep keeps its own; see "
              "domaingen.run.protocol")
+    shared_init: str | None = setting(
+        None, kind=TEXT, optional=True, sweep=True, identity=UNLESS, choices=lambda: SHARED_INIT_CHOICES,
+        help="linear_probe: every hparams draw of a trial starts from the same weights, DiWA's: a linear probe of "
+             "the trial (hparams draw 0, the classifier alone trained, as long as the run), run once in "
+             f"{PROBE_DIR}/ beside the run; each record names the weights ({INIT_FIELD}), so `domaingen average` "
+             "can average the trial's runs; default: off, each run initialised by its own seed")
+    linear_probe: bool | None = setting(
+        None, kind=BOOL, optional=True, identity=UNLESS,
+        help="train only the network's classifier by cross-entropy, everything else frozen at its initialisation "
+             "(the step shared_init runs first)")
     time_budget: float | None = setting(
         None, kind=FLOAT, optional=True, identity=NEVER, recorded=False, launch=True, check=_budget, metavar="MINUTES",
         help="stop at the last checkpoint before this many minutes of wall-clock time would pass, keep it, and "
@@ -236,6 +253,7 @@ class ResolvedRun:
     algorithm_cls: type[Algorithm]
     embedded_data: bool = False
     resolved_precision: str | None = None  # what `precision` means here, fixed when the run starts
+    shared_init_id: str | None = None  # the state_id of the shared initialisation it started from (shared_init)
 
     @property
     def test_envs(self) -> list[int]:
@@ -299,6 +317,8 @@ def resolve(config: TrainConfig) -> ResolvedRun:
     check_logger_names(config.loggers)
     check_eval_splits(config.eval_splits, config.train_in_every)
     check_in_domain_test(config.in_domain_test, config.holdout_fraction)
+    if config.shared_init and config.linear_probe:
+        raise DomaingenError("linear_probe is the step shared_init runs first; give one of them, not both")
     steps = dataset_cls.N_STEPS if config.steps is None else int(config.steps)
     freq = dataset_cls.CHECKPOINT_FREQ if config.checkpoint_freq is None else int(config.checkpoint_freq)
     space = run_space(config.dataset, dataset_cls, algorithm_cls)
@@ -492,6 +512,32 @@ def train(config: TrainConfig, dataset_cache: DatasetCache | None = None) -> Run
         handler.close()
 
 
+def probe_config(run: ResolvedRun) -> TrainConfig:
+    """The linear probe that `run` (with shared_init) starts from: hparams draw 0 of its trial, with its
+    dataset, algorithm, test environments, steps and splits, in PROBE_DIR beside it (named by a hash)."""
+    values = {item.name: getattr(run.settings, item.name) for item in SETTINGS}
+    values.update(hparams_seed=0, seed=None, shared_init=None, linear_probe=True, train_in_every=None,
+                  time_budget=None, loggers=[])
+    name = hashlib.md5(json.dumps(job_identity(SETTINGS, values), sort_keys=True).encode()).hexdigest()
+    return TrainConfig(**{**values, "output_dir": str(Path(run.settings.output_dir).parent / PROBE_DIR / name)})
+
+
+def shared_initialisation(run: ResolvedRun, dataset_cache: DatasetCache | None = None
+                          ) -> tuple[dict[str, torch.Tensor], str]:
+    """(the weights `run` starts from, their state_id): the last checkpoint of its trial's linear probe,
+    trained first unless done; a probe another process is training is waited for."""
+    config = probe_config(run)
+    while True:
+        try:
+            with run_lock(config.output_dir):
+                train(config, dataset_cache)
+            break
+        except RunLockedError:
+            time.sleep(2.0)
+    weights = RunDirectory(config.output_dir).load_checkpoint()["algorithm"]["model"]
+    return weights, state_id(weights)
+
+
 def _run_splits(run: ResolvedRun, dataset: MultiDomainDataset, dataset_cache: DatasetCache | None) -> list:
     """The run's (in, out) splits: the training environments' in splits without their in-domain test part."""
     s = run.settings
@@ -523,10 +569,16 @@ def _train_loop(
             "its numbers are not comparable with full-MNIST ones",
             dataset.data_source,
         )
+    if settings.shared_init:  # first, before this run's seed: the probe seeds itself
+        initial, run.shared_init_id = shared_initialisation(run, dataset_cache)
     torch.manual_seed(settings.seed)
     splits = _run_splits(run, dataset, dataset_cache)
     train_splits = [s_in for i, (s_in, _) in enumerate(splits) if i not in run.test_envs]
     algorithm = run.algorithm_cls(dataset.input_shape, dataset.num_classes, len(train_splits), hparams)
+    if settings.shared_init:
+        load_initialisation(algorithm, initial, run)
+    if settings.linear_probe:
+        prepare_linear_probe(algorithm)
     algorithm = place_model(algorithm, device, dataset.input_shape)
     # One compiled graph for all checkpoints; it reads the parameters as they are at each call.
     predict = CompiledPredict(algorithm, eval_batch_size(device, algorithm)) if settings.compile_eval else None
@@ -565,10 +617,12 @@ def _steps(run: ResolvedRun, dataset: MultiDomainDataset, device: torch.device, 
     idtest_names = in_domain_test_names(len(splits), test_envs, settings.in_domain_test)
     pending: dict[str, list[float]] = {}
     interval_started = time.monotonic()
+    update = functools.partial(linear_probe_update, algorithm) if settings.linear_probe else algorithm.update
+    init_fields = {INIT_FIELD: run.shared_init_id} if run.shared_init_id else {}
     for step in range(start_step, settings.steps):
         started = time.perf_counter()
         with autocast_context(device, run.resolved_precision):
-            losses = checked_losses(algorithm.update(sampler.next()), settings.algorithm, step)
+            losses = checked_losses(update(sampler.next()), settings.algorithm, step)
         for key, value in {**losses, "step_time": time.perf_counter() - started}.items():
             pending.setdefault(key, []).append(value)
         if step % settings.checkpoint_freq == 0 or step == last:
@@ -597,6 +651,7 @@ def _steps(run: ResolvedRun, dataset: MultiDomainDataset, device: torch.device, 
                 "eval_time": eval_time,
                 "mem_gb": peak_memory_gb(device),
                 "data_source": dataset.data_source,
+                **init_fields,
                 "hparams": hparams,
                 "args": args,
             }

@@ -31,6 +31,7 @@ from domaingen.run.rundir import DONE, FAILED, RESULTS, read_jsonl
 log = logging.getLogger(__name__)
 
 UNKNOWN_SOURCE = "unknown"
+COMBINED_DIR = "combined"  # a sweep's combined runs (DiWA, soups, ENS: inspect.combine), read as runs
 # Test-time modes an algorithm reports beside its default (Algorithm.EVAL_MODES, fields
 # env{i}_{in,out}_acc_{mode}) become table rows named '{algorithm}-{label}'.
 MODE_LABELS = {"kd": "KD", "mask_ens": "MaskEns"}
@@ -66,10 +67,20 @@ def run_protocol(args: dict) -> str:
 
 
 def _run_dirs(input_dir: Path) -> list[Path]:
+    """The run directories of a sweep, its combined runs (`domaingen average`) included, or the run itself."""
     if (input_dir / RESULTS).exists():
         return [input_dir]
-    with os.scandir(input_dir) as entries:
-        return sorted(Path(e.path) for e in entries if e.is_dir())
+    found = []
+    for folder in (input_dir, input_dir / COMBINED_DIR):
+        if folder.is_dir():
+            with os.scandir(folder) as entries:
+                found += sorted(Path(e.path) for e in entries if e.is_dir())
+    return found
+
+
+def _run_name(path: Path, root: Path) -> str:
+    """A run's name in tables: its directory's path under the sweep (`combined/...` for a combined run)."""
+    return path.name if path == root else path.relative_to(root).as_posix()
 
 
 def _flatten(record: dict, run: str) -> dict | None:
@@ -113,7 +124,7 @@ def _first_record_args(path: Path) -> dict:
     return first.get("args") or {} if isinstance(first, dict) else {}
 
 
-def _run_row(path: Path, state: str, first: dict | None) -> dict:
+def _run_row(path: Path, name: str, state: str, first: dict | None) -> dict:
     args = (first or {}).get("args") or {}
     if not args and (path / "args.json").exists():
         try:
@@ -123,7 +134,7 @@ def _run_row(path: Path, state: str, first: dict | None) -> dict:
     if not args and (path / RESULTS).exists():
         args = _first_record_args(path)
     return {
-        "run": path.name,
+        "run": name,
         "state": state,
         "dataset": args.get("dataset"),
         "algorithm": args.get("algorithm"),
@@ -152,27 +163,28 @@ def collect(input_dir: str | os.PathLike, allow_mixed_sources: bool = False, pro
     skipped: list[tuple[str, int, str]] = []
     adapted: list[dict] = []
     for path in _run_dirs(root):
+        name = _run_name(path, root)
         if (path / DONE).exists():
-            manifests[path.name] = read_manifest(path)
+            manifests[name] = read_manifest(path)
             unreadable: list[int] = []
             records = read_jsonl(path / RESULTS, unreadable)
-            flat = [r for r in (_flatten(rec, path.name) for rec in records) if r is not None]
+            flat = [r for r in (_flatten(rec, name) for rec in records) if r is not None]
             if unreadable:
                 lines = ", ".join(map(str, unreadable))
-                skipped.append((f"{path.name}/{RESULTS}", len(unreadable),
+                skipped.append((f"{name}/{RESULTS}", len(unreadable),
                                 f"unreadable line{'s' * (len(unreadable) > 1)} {lines}"))
             if len(flat) < len(records):
                 log.warning("skipping %d records without args or step in %s", len(records) - len(flat), path)
-                skipped.append((f"{path.name}/{RESULTS}", len(records) - len(flat), "records without args or step"))
+                skipped.append((f"{name}/{RESULTS}", len(records) - len(flat), "records without args or step"))
             rows.extend(flat)
             adapted.extend(adapted_records(path, flat[0]) if flat else [])
-            run_rows.append(_run_row(path, "done", records[0] if records else None))
+            run_rows.append(_run_row(path, name, "done", records[0] if records else None))
         elif (path / FAILED).exists():
-            failed.append((path.name, (path / FAILED).read_text().strip()))
-            run_rows.append(_run_row(path, "failed", None))
+            failed.append((name, (path / FAILED).read_text().strip()))
+            run_rows.append(_run_row(path, name, "failed", None))
         elif (path / RESULTS).exists() or (path / "args.json").exists():
-            incomplete.append(path.name)
-            run_rows.append(_run_row(path, "incomplete", None))
+            incomplete.append(name)
+            run_rows.append(_run_row(path, name, "incomplete", None))
     if not rows:
         raise DomaingenError(
             f"no finished runs in {root} (found {len(failed)} failed, {len(incomplete)} incomplete); "
@@ -208,7 +220,7 @@ def only_protocol(collection: Collection, protocol: str | None, where: str) -> C
     return Collection(records, [(r, why) for r, why in collection.failed if r in kept],
                       [r for r in collection.incomplete if r in kept], runs,
                       {run: m for run, m in collection.manifests.items() if run in kept}, collection.bundle, protocol,
-                      [item for item in collection.skipped if item[0].split("/")[0] in kept],
+                      [item for item in collection.skipped if item[0].rsplit("/", 1)[0] in kept],
                       _adapted_of(collection.adapted, set(records["run"])))
 
 
@@ -235,7 +247,7 @@ def only_datasets(collection: Collection, datasets: Sequence[str], where: str) -
     return Collection(records, [(run, why) for run, why in collection.failed if run in kept],
                       [run for run in collection.incomplete if run in kept], runs.reset_index(drop=True),
                       {run: m for run, m in collection.manifests.items() if run in kept}, collection.bundle, collection.protocol,
-                      [item for item in collection.skipped if item[0].split("/")[0] in kept],
+                      [item for item in collection.skipped if item[0].rsplit("/", 1)[0] in kept],
                       _adapted_of(collection.adapted, set(records["run"])))
 
 
@@ -302,8 +314,9 @@ def labelled(collection: Collection, label: str) -> Collection:
 
     def rename(frame: pd.DataFrame) -> pd.DataFrame:
         frame = frame.copy()
-        if "algorithm" in frame:
-            frame["algorithm"] = frame["algorithm"].map(lambda a: f"{a} ({label})" if isinstance(a, str) else a)
+        for column in ("algorithm", "base_algorithm"):
+            if column in frame:
+                frame[column] = frame[column].map(lambda a: f"{a} ({label})" if isinstance(a, str) else a)
         if "run" in frame:
             frame["run"] = frame["run"].map(lambda r: f"{label}/{r}")
         return frame
@@ -311,7 +324,8 @@ def labelled(collection: Collection, label: str) -> Collection:
     return Collection(rename(collection.records), [(f"{label}/{run}", why) for run, why in collection.failed],
                       [f"{label}/{run}" for run in collection.incomplete], rename(collection.runs),
                       {f"{label}/{run}": m for run, m in collection.manifests.items()}, None, collection.protocol,
-                      [(f"{label}/{file}", n, why) for file, n, why in collection.skipped])
+                      [(f"{label}/{file}", n, why) for file, n, why in collection.skipped],
+                      rename(collection.adapted))
 
 
 def split_by_hparams(collection: Collection, keys: Sequence[str]) -> Collection:
@@ -332,12 +346,18 @@ def split_by_hparams(collection: Collection, keys: Sequence[str]) -> Collection:
 
     records = collection.records.copy()
     records["algorithm"] = [name(a, h) for a, h in zip(records["algorithm"], records["hparams"])]
+    adapted = collection.adapted.copy()
+    if len(adapted):
+        for h in adapted["hparams"].unique():
+            decoded.setdefault(h, json.loads(h))
+        for column in ("algorithm", "base_algorithm"):
+            adapted[column] = [name(a, h) for a, h in zip(adapted[column], adapted["hparams"])]
     by_run = records.drop_duplicates("run").set_index("run")["algorithm"]
     runs = collection.runs.copy()
     if len(runs) and "algorithm" in runs:
         runs["algorithm"] = [by_run.get(r, a) for r, a in zip(runs["run"], runs["algorithm"])]
     return Collection(records, collection.failed, collection.incomplete, runs, collection.manifests,
-                      collection.bundle, collection.protocol, collection.skipped)
+                      collection.bundle, collection.protocol, collection.skipped, adapted)
 
 
 def merged(parts: Sequence[tuple[str, Collection]]) -> Collection:
@@ -351,7 +371,8 @@ def merged(parts: Sequence[tuple[str, Collection]]) -> Collection:
                       [f for c in named for f in c.failed], [r for c in named for r in c.incomplete],
                       pd.concat([c.runs for c in named], ignore_index=True),
                       {run: m for c in named for run, m in c.manifests.items()}, None, parts[0][1].protocol,
-                      [item for c in named for item in c.skipped])
+                      [item for c in named for item in c.skipped],
+                      pd.concat([c.adapted for c in named], ignore_index=True))
 
 
 def data_sources(records: pd.DataFrame) -> list[str]:
