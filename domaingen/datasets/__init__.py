@@ -52,6 +52,8 @@ by the penalty weight once it exceeds 1) and `irm_penalty_estimator = "full"`
 | OfficeHome | A, C, P, R | 65 | 5001 | 300 | `office_home/{Art,Clipart,Product,Real_World}/<class>/<image>` ("Real World" also read) |
 | VLCS | C, L, S, V | 5 | 5001 | 300 | `VLCS/{Caltech101,LabelMe,SUN09,VOC2007}/<class>/<image>` |
 | TerraIncognita | L100, L38, L43, L46 | 10 | 5001 | 300 | `terra_incognita/location_{100,38,43,46}/<class>/<image>` |
+| SVIRO | aclass, escape, hilux, i3, lexus, tesla, tiguan, tucson, x5, zoe | its class folders | 5001 | 300 | `sviro/<vehicle>/<class>/<image>` |
+| SpawriousO2O_{easy,medium,hard}, SpawriousM2M_{easy,medium,hard} | Test, SC_group_1, SC_group_2 | 4 | 5001 | 100 | `spawrious224/{0,1}/<location>/<breed>/<image>` |
 | Camelyon17 | hospital_0 .. hospital_4 | 2 | 5001 | 300 | `camelyon17_v1.0/` (WILDS' files) |
 | FMoW | region_0 .. region_5 | 62 | 5001 | 300 | `fmow_v1.1/` (WILDS' files) |
 | Camelyon17Official | train, id_val, test, val | 2 | 5001 | 300 | as Camelyon17 |
@@ -148,8 +150,9 @@ many batches were consumed).
 from domaingen.datasets.base import (DATASETS, EMBEDDED, Environment, MultiDomainDataset, check_data_dir,
                                      resolve_data_dir)
 from domaingen.datasets import mnist  # noqa: F401  (registers ColoredMNIST, RotatedMNIST)
-from domaingen.datasets import images  # noqa: F401  (registers PACS, DomainNet, OfficeHome, VLCS, TerraIncognita)
+from domaingen.datasets import images  # noqa: F401  (registers PACS, DomainNet, OfficeHome, VLCS, TerraIncognita, SVIRO)
 from domaingen.datasets.images import ImageFolderDataset
+from domaingen.datasets import spawrious  # noqa: F401  (registers the six Spawrious benchmarks)
 from domaingen.datasets import wilds  # noqa: F401  (registers Camelyon17, FMoW and their official-split forms)
 from domaingen.datasets import contamination  # noqa: F401  (registers FeatureContamination, FeatureContaminationSeparable)
 from domaingen.datasets.splits import (
