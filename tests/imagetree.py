@@ -114,3 +114,12 @@ def make_spawrious_tree(data_dir: Path, per_group: int = 2, counts: dict[str, in
                 (root / where / "notes.txt").parent.mkdir(parents=True, exist_ok=True)
                 (root / where / "notes.txt").write_text("not an image")
     return root
+
+
+def use_archive(monkeypatch, name: str, *archives) -> None:
+    """Make `domaingen download --dataset name` fetch `archives` instead of its recorded ones."""
+    from dataclasses import replace
+
+    from domaingen.datasets import download as dl
+
+    monkeypatch.setitem(dl.DOWNLOADS, name, replace(dl.DOWNLOADS[name], archives=tuple(archives)))
