@@ -74,3 +74,52 @@ def make_fake_fmow(data_dir: Path, per_region: int = 5, size: int = 16, seed: in
         root / "country_code_mapping.csv", index=False)
     (root / "RELEASE_v1.1.txt").write_text("fake")
     return root
+
+
+SVIRO_VEHICLES = ("aclass", "escape", "hilux", "i3", "lexus", "tesla", "tiguan", "tucson", "x5", "zoe")
+
+
+def make_sviro_tree(data_dir: Path, classes: Sequence[str] = ("0", "1", "2"), per_class: int = 2, size: int = 16,
+                    seed: int = 0) -> Path:
+    """DomainBed's SVIRO layout: sviro/<vehicle>/<class>/<image>.png, small grayscale images; returns sviro/."""
+    rng = np.random.default_rng(seed)
+    root = data_dir / "sviro"
+    for vehicle in SVIRO_VEHICLES:
+        for name in classes:
+            for i in range(per_class):
+                path = root / vehicle / name / f"{vehicle}_{name}_{i}.png"
+                path.parent.mkdir(parents=True, exist_ok=True)
+                Image.fromarray(rng.integers(0, 256, (size, size), dtype=np.uint8), "L").save(path)
+    return root
+
+
+def make_spawrious_tree(data_dir: Path, per_group: int = 2, counts: dict[str, int] | None = None, size: int = 8,
+                        seed: int = 0) -> Path:
+    """The Spawrious tarball's layout: spawrious224/{0,1}/<location>/<breed>/<image>, `per_group` images in each
+    folder (`counts` overrides it for folders named '<folder>/<location>/<breed>'), with names in an order
+    that differs from creation order, and one non-image file per folder; returns spawrious224/."""
+    rng = np.random.default_rng(seed)
+    root = data_dir / "spawrious224"
+    counts = counts or {}
+    for folder in ("0", "1"):
+        for location in ("beach", "desert", "dirt", "jungle", "mountain", "snow"):
+            for breed in ("bulldog", "corgi", "dachshund", "labrador"):
+                where = f"{folder}/{location}/{breed}"
+                n = counts.get(where, per_group)
+                order = rng.permutation(n)
+                for i in order:
+                    ext = ("png", "jpg", "jpeg")[int(i) % 3]
+                    write_image(root / where / f"{location}_{breed}_{int(i):04d}.{ext}", rng, size,
+                                "PNG" if ext == "png" else "JPEG")
+                (root / where / "notes.txt").parent.mkdir(parents=True, exist_ok=True)
+                (root / where / "notes.txt").write_text("not an image")
+    return root
+
+
+def use_archive(monkeypatch, name: str, *archives) -> None:
+    """Make `domaingen download --dataset name` fetch `archives` instead of its recorded ones."""
+    from dataclasses import replace
+
+    from domaingen.datasets import download as dl
+
+    monkeypatch.setitem(dl.DOWNLOADS, name, replace(dl.DOWNLOADS[name], archives=tuple(archives)))

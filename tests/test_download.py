@@ -16,7 +16,7 @@ from domaingen.datasets import download as dl
 from domaingen.cli.main import main
 from domaingen.datasets import DATASETS
 from domaingen.errors import DomaingenError
-from imagetree import make_folder_tree
+from imagetree import make_folder_tree, use_archive
 
 SMALL = {"backbone": "resnet18", "pretrained": False, "image_size": 32, "num_workers": 0}
 
@@ -89,7 +89,7 @@ def closed_port_url() -> str:
 
 
 def test_offline_is_one_clear_line_without_a_traceback(tmp_path, monkeypatch, capsys):
-    monkeypatch.setattr(dl, "PACS_ARCHIVE", dl.Archive(closed_port_url(), "PACS.zip"))
+    use_archive(monkeypatch, "pacs", dl.Archive(closed_port_url(), "PACS.zip"))
     code = main(["-q", "download", "--dataset", "pacs", "--data_dir", str(tmp_path)])
     err = capsys.readouterr().err
     assert code == 2
@@ -107,14 +107,15 @@ def zip_folder(folder: Path, archive: Path, arcroot: str) -> bytes:
 
 def test_pacs_is_extracted_into_the_layout_the_loader_reads(tmp_path, monkeypatch, capsys):
     domains = ["art_painting", "cartoon", "photo", "sketch"]
-    tree = make_folder_tree(tmp_path / "src", domains, ["dog", "elephant"], per_class=2)
+    classes = ["dog", "elephant", "giraffe", "guitar", "horse", "house", "person"]  # the layout check wants all 7
+    tree = make_folder_tree(tmp_path / "src", domains, classes, per_class=1, size=8)
     data = zip_folder(tree, tmp_path / "served.zip", "kfold")
-    monkeypatch.setattr(dl, "PACS_ARCHIVE", dl.Archive((tmp_path / "served.zip").as_uri(), "PACS.zip", md5(data)))
+    use_archive(monkeypatch, "pacs", dl.Archive((tmp_path / "served.zip").as_uri(), "PACS.zip", md5(data)))
     data_dir = tmp_path / "data"
     assert main(["-q", "download", "--dataset", "pacs", "--data_dir", str(data_dir)]) == 0
     assert f"PACS is in {data_dir / 'PACS'}" in capsys.readouterr().out
     dataset = DATASETS.get("PACS")(str(data_dir), [0], SMALL)
-    assert [len(env) for env in dataset.environments] == [4, 4, 4, 4]
+    assert [len(env) for env in dataset.environments] == [7, 7, 7, 7]
     assert not (data_dir / "downloads" / "PACS.zip").exists()
 
 

@@ -20,7 +20,7 @@ from domaingen.cli.main import main
 from domaingen.datasets import DATASETS, ImageFolderDataset
 from domaingen.datasets.images import PACS
 from domaingen.run.rundir import RunDirectory
-from imagetree import make_folder_tree, write_image
+from imagetree import make_folder_tree, use_archive, write_image
 
 SMALL = {"backbone": "resnet18", "pretrained": False, "image_size": 16, "batch_size": 4, "num_workers": 0}
 # name -> (environments, folders, DATASET_DIR, published classes), DomainBed's
@@ -126,7 +126,11 @@ def closed_port_url(name: str) -> str:
 @pytest.mark.parametrize("name, attribute", [("officehome", "OFFICEHOME_ARCHIVE"), ("vlcs", "VLCS_ARCHIVE"),
                                              ("terraincognita", "TERRA_ANNOTATIONS")])
 def test_offline_is_one_line_like_pacs(tmp_path, monkeypatch, capsys, name, attribute):
-    monkeypatch.setattr(dl, attribute, dl.Archive(closed_port_url("x.zip"), getattr(dl, attribute).filename))
+    dead = dl.Archive(closed_port_url("x.zip"), getattr(dl, attribute).filename)
+    if name == "terraincognita":
+        monkeypatch.setattr(dl, attribute, dead)
+    else:
+        use_archive(monkeypatch, name, dead)
     code = main(["-q", "download", "--dataset", name, "--data_dir", str(tmp_path)])
     err = capsys.readouterr().err
     lines = err.strip().splitlines()
@@ -152,7 +156,7 @@ def test_office_home_is_extracted_renamed_and_verified(tmp_path, monkeypatch, ca
     classes = [f"class_{k:02d}" for k in range(65)]
     tree = make_folder_tree(tmp_path / "src", ["Art", "Clipart", "Product", "Real World"], classes, per_class=1, size=8)
     archive = zip_tree(tree, tmp_path / "served.zip", "OfficeHomeDataset_10072016")
-    monkeypatch.setattr(dl, "OFFICEHOME_ARCHIVE", dl.Archive(archive.as_uri(), "office_home.zip"))
+    use_archive(monkeypatch, "officehome", dl.Archive(archive.as_uri(), "office_home.zip"))
     data_dir = tmp_path / "data"
     assert main(["-q", "download", "--dataset", "officehome", "--data_dir", str(data_dir)]) == 0
     assert capsys.readouterr().out.strip() == f"OfficeHome is in {data_dir / 'office_home'} (4 domains, 65 classes)"
@@ -166,7 +170,7 @@ def test_vlcs_archive_lacking_a_domain_is_refused_after_extraction(tmp_path, mon
     classes = ["bird", "car", "chair", "dog", "person"]
     tree = make_folder_tree(tmp_path / "src", ["Caltech101", "LabelMe", "SUN09"], classes, per_class=1, size=8)
     archive = tar_tree(tree, tmp_path / "served.tar.gz", "VLCS")
-    monkeypatch.setattr(dl, "VLCS_ARCHIVE", dl.Archive(archive.as_uri(), "VLCS.tar.gz"))
+    use_archive(monkeypatch, "vlcs", dl.Archive(archive.as_uri(), "VLCS.tar.gz"))
     code = main(["-q", "download", "--dataset", "vlcs", "--data_dir", str(tmp_path / "data")])
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1

@@ -97,8 +97,11 @@ def _launchers():
 def _add_download_parser(sub: argparse._SubParsersAction) -> None:
     from domaingen.datasets.download import DATASETS as DOWNLOADABLE
 
-    p = sub.add_parser("download", help="fetch a dataset from its official source into --data_dir")
-    p.add_argument("--dataset", required=True, choices=DOWNLOADABLE, type=str.lower, help="any case")
+    p = sub.add_parser("download", help="fetch a dataset from its sources (the original first, then mirrors) "
+                                        "into --data_dir; --list shows every dataset's sources and state")
+    p.add_argument("--dataset", default=None, metavar="NAME", help=f"one of {', '.join(DOWNLOADABLE)} (any case)")
+    p.add_argument("--list", dest="list_sources", action="store_true",
+                   help="list each dataset's sources, size, licence and whether it is present and verified in --data_dir")
     p.add_argument("--data_dir", default=None, help="default: $DOMAINGEN_DATA, else ./data")
 
 
@@ -337,10 +340,18 @@ def cmd_adapt(ns: argparse.Namespace) -> int:
 
 
 def cmd_download(ns: argparse.Namespace) -> int:
+    from domaingen.cli.paths import check_output_dir
     from domaingen.datasets import resolve_data_dir
-    from domaingen.datasets.download import download
+    from domaingen.datasets.download import download, format_listing, listing
 
-    print(download(ns.dataset, resolve_data_dir(ns.data_dir)))
+    data_dir = resolve_data_dir(ns.data_dir)
+    if ns.list_sources:
+        print(format_listing(listing(data_dir), data_dir))
+        return 0
+    if ns.dataset is None:
+        raise DomaingenError("give --dataset NAME to download, or --list to see the datasets and their sources")
+    check_output_dir(data_dir, "--data_dir")  # also when it comes from $DOMAINGEN_DATA or the default
+    print(download(ns.dataset, data_dir))
     return 0
 
 
@@ -376,7 +387,7 @@ def check_paths(ns: argparse.Namespace) -> None:
     command = ns.command if ns.command != "sweep" else f"sweep {ns.action}"
     for name, attribute, flag, kind in OUTPUT_PATHS:
         value = getattr(ns, attribute, None)
-        if name == command and value is not None:
+        if name == command and value is not None and not getattr(ns, "list_sources", False):  # --list only reads
             checks[kind](value, flag)
 
 

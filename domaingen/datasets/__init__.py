@@ -52,6 +52,8 @@ by the penalty weight once it exceeds 1) and `irm_penalty_estimator = "full"`
 | OfficeHome | A, C, P, R | 65 | 5001 | 300 | `office_home/{Art,Clipart,Product,Real_World}/<class>/<image>` ("Real World" also read) |
 | VLCS | C, L, S, V | 5 | 5001 | 300 | `VLCS/{Caltech101,LabelMe,SUN09,VOC2007}/<class>/<image>` |
 | TerraIncognita | L100, L38, L43, L46 | 10 | 5001 | 300 | `terra_incognita/location_{100,38,43,46}/<class>/<image>` |
+| SVIRO | aclass, escape, hilux, i3, lexus, tesla, tiguan, tucson, x5, zoe | its class folders | 5001 | 300 | `sviro/<vehicle>/<class>/<image>` |
+| SpawriousO2O_{easy,medium,hard}, SpawriousM2M_{easy,medium,hard} | Test, SC_group_1, SC_group_2 | 4 | 5001 | 100 | `spawrious224/{0,1}/<location>/<breed>/<image>` |
 | Camelyon17 | hospital_0 .. hospital_4 | 2 | 5001 | 300 | `camelyon17_v1.0/` (WILDS' files) |
 | FMoW | region_0 .. region_5 | 62 | 5001 | 300 | `fmow_v1.1/` (WILDS' files) |
 | Camelyon17Official | train, id_val, test, val | 2 | 5001 | 300 | as Camelyon17 |
@@ -78,20 +80,33 @@ domaingen train --dataset PACS --algorithm ERM --test_envs 0 --data_dir ~/data -
   Camelyon17, `1 2 3 4` for FMoW) and write WILDS' `dataset.eval()` summary
   metrics of every split into each record, e.g. `wilds_test_acc_avg`,
   `wilds_test_acc_worst_region`; they need the wilds package.
-- **Download.** `domaingen download` fetches from the official sources (PACS:
-  DomainBed's Google Drive archive; DomainNet: the BU VisDA-2019 zips, then
-  DomainBed's list of duplicate files is removed; Camelyon17 and FMoW: through the
-  wilds package; MNIST: torchvision; OfficeHome and VLCS: DomainBed's Google Drive
-  archives; TerraIncognita: DomainBed's source, the Caltech Camera Traps images and
-  annotations on LILA, from which the images of DomainBed's four locations and ten
-  categories are copied into `location_<L>/<category>/`, as DomainBed's script does).
-  Files are written to `<file>.part` and a rerun continues from where it stopped (HTTP
-  Range). md5 is checked where one is recorded; zip archives' CRCs are always checked
-  before extraction. DomainBed records no checksum for OfficeHome, VLCS and
-  TerraIncognita, and none is invented here: after extraction their folders are checked
-  instead (every domain folder present, the same class folders in each, the published
-  number of classes), and a wrong archive is one error line. No network: one error line,
-  no traceback.
+- **SVIRO and Spawrious** are DomainBed's: SVIRO is an image folder (DomainBed's transforms);
+  the six Spawrious benchmarks are `domaingen/datasets/spawrious.py` (DomainBed's (breed,
+  location) combinations, limits and per-environment augmentation; file names sorted before
+  the first N are taken, where DomainBed takes `os.listdir` order). Use `--test_envs 0`.
+- **Download.** `domaingen download --dataset NAME` fetches from DomainBed's sources (PACS,
+  OfficeHome, VLCS: its Google Drive archives; SVIRO: DFKI's archive; Spawrious: its Dropbox
+  tarball; DomainNet: the BU VisDA-2019 zips, then DomainBed's list of duplicate files is
+  removed; TerraIncognita: the Caltech Camera Traps images and annotations on LILA, from which
+  the images of DomainBed's four locations and ten categories are copied into
+  `location_<L>/<category>/`, as DomainBed's script does; Camelyon17 and FMoW: the wilds
+  package; MNIST: torchvision). Each file has an ordered list of sources, tried in turn with
+  one logged line per failure: the original URL first, then mirrors. Mirrors recorded:
+  Spawrious, the Spawrious authors' own link to the entire dataset (the same `spawrious224/`
+  folders plus `domain_adaptation_ds/`); TerraIncognita's images, LILA's Google Cloud copy
+  (DomainBed's URL). A Hugging Face Hub dataset repository pinned to a commit is a source
+  kind (`sources.HubSource`, URL built by `huggingface_hub`, `$HF_ENDPOINT` honoured), but
+  none is listed: no public Hub repository holding these archives could be verified (the
+  `flwrlabs/pacs` parquet files are another format). Files are written to `<file>.part` and
+  a rerun continues where it stopped (HTTP Range); md5 is checked where one is recorded; a
+  damaged zip or tar is refused. The tree is extracted into a temporary folder beside its
+  destination, verified there (file count and SHA-256 of its sorted relative paths and
+  sizes, where a digest is recorded; the dataset's layout check) and renamed into place only
+  then; a refused tree is one line and nothing half-extracted remains. The installed tree's
+  manifest is kept in `<data_dir>/.domaingen/`, so `domaingen download --list` says, per
+  dataset, its sources, size, licence note and whether it is present and verified (or the
+  first path that differs). No digest or size is recorded for these archives yet (DomainBed
+  publishes none); no network: one error line, no traceback.
 
 ### Your folders are datasets
 
@@ -148,8 +163,9 @@ many batches were consumed).
 from domaingen.datasets.base import (DATASETS, EMBEDDED, Environment, MultiDomainDataset, check_data_dir,
                                      resolve_data_dir)
 from domaingen.datasets import mnist  # noqa: F401  (registers ColoredMNIST, RotatedMNIST)
-from domaingen.datasets import images  # noqa: F401  (registers PACS, DomainNet, OfficeHome, VLCS, TerraIncognita)
+from domaingen.datasets import images  # noqa: F401  (registers PACS, DomainNet, OfficeHome, VLCS, TerraIncognita, SVIRO)
 from domaingen.datasets.images import ImageFolderDataset
+from domaingen.datasets import spawrious  # noqa: F401  (registers the six Spawrious benchmarks)
 from domaingen.datasets import wilds  # noqa: F401  (registers Camelyon17, FMoW and their official-split forms)
 from domaingen.datasets import contamination  # noqa: F401  (registers FeatureContamination, FeatureContaminationSeparable)
 from domaingen.datasets.splits import (

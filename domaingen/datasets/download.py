@@ -1,26 +1,34 @@
-"""`domaingen download`: fetch a dataset from its official source into the layout the loaders read.
+"""`domaingen download`: fetch a dataset into the layout the loaders read; `--list` says what is where.
 
-Downloads go to `<file>.part` and continue from its end (an HTTP Range request) when
-rerun; a finished file is checked against its checksum where one is known, and a
-zip archive's own CRCs are checked before it is extracted. DomainNet's duplicate
-files (DomainBed's list) are removed after extraction.
+Each file has an ordered list of sources (its original URL first, then mirrors; see
+`sources.py`), tried in turn with one logged line per failure. Downloads go to
+`<file>.part` and continue from its end (an HTTP Range request) when rerun; a finished
+file is checked against its checksum where one is known, and a zip archive's own CRCs are
+checked before it is extracted. A dataset's tree is built and verified in a temporary
+folder and renamed into place only when it passes (`sources.install`); its manifest is
+recorded so that `--list` can say whether the tree is still the one installed.
+DomainNet's duplicate files (DomainBed's list) are removed after extraction.
 """
 
 from __future__ import annotations
 
 import hashlib
+import http.client
 import logging
+import os
 import shutil
 import tarfile
 import urllib.error
 import urllib.request
 import zipfile
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
 from tqdm import tqdm
 
+from domaingen.datasets.sources import HubSource, Source, TreeDigest, UrlSource, check_installed, install
 from domaingen.errors import DomaingenError
 
 log = logging.getLogger(__name__)
@@ -36,6 +44,12 @@ class Archive:
     url: str
     filename: str
     md5: str | None = None
+    mirrors: tuple[Source, ...] = ()
+
+    @property
+    def sources(self) -> tuple[Source, ...]:
+        """The original URL, then the mirrors, in the order they are tried."""
+        return (UrlSource(self.url), *self.mirrors)
 
 
 # DomainBed's PACS archive (Google Drive; the folder inside is 'kfold').
@@ -67,15 +81,24 @@ VLCS_ARCHIVE = Archive(
 TERRA_IMAGES = Archive(
     "https://lilablobssc.blob.core.windows.net/caltechcameratraps/eccv_18_all_images_sm.tar.gz",
     "eccv_18_all_images_sm.tar.gz",
+    # the same file in LILA's Google Cloud bucket, DomainBed's URL
+    mirrors=(UrlSource("https://storage.googleapis.com/public-datasets-lila/caltechcameratraps/eccv_18_all_images_sm.tar.gz"),),
 )
 TERRA_ANNOTATIONS = Archive(
     "https://lilablobssc.blob.core.windows.net/caltechcameratraps/labels/caltech_camera_traps.json.zip",
     "caltech_camera_traps.json.zip",
 )
+# DomainBed's SVIRO archive (the folder inside is SVIRO_DOMAINBED)
+SVIRO_ARCHIVE = Archive("https://sviro.kl.dfki.de/?wpdmdl=1731", "sviro_grayscale_rectangle_classification.zip")
+# DomainBed's Spawrious tarball, then the Spawrious authors' own link to the entire dataset (the same
+# spawrious224/{0,1}/ folders, plus their domain_adaptation_ds/), as their package downloads it
+SPAWRIOUS_ARCHIVE = Archive(
+    "https://www.dropbox.com/s/e40j553480h3f3s/spawrious224.tar.gz?dl=1", "spawrious224.tar.gz",
+    mirrors=(UrlSource("https://www.dropbox.com/s/hofkueo8qvaqlp3/spawrious224__entire_dataset.tar.gz?dl=1"),),
+)
 # DomainBed's selection from Caltech Camera Traps: four locations, ten categories
 TERRA_LOCATIONS = ("100", "38", "43", "46")
 TERRA_CATEGORIES = ("bird", "bobcat", "cat", "coyote", "dog", "empty", "opossum", "rabbit", "raccoon", "squirrel")
-DATASETS = ("mnist", "pacs", "domainnet", "officehome", "vlcs", "terraincognita", "camelyon17", "fmow")
 
 
 def file_md5(path: Path) -> str:
@@ -95,23 +118,18 @@ def _offline_error(url: str, dest: Path, exc: BaseException) -> DomaingenError:
     )
 
 
-def fetch(archive: Archive, folder: Path) -> Path:
-    """Download `archive` into `folder` (resuming a `.part` file), verify it, and return its path."""
-    folder.mkdir(parents=True, exist_ok=True)
-    dest = folder / archive.filename
-    if dest.exists() and (archive.md5 is None or file_md5(dest) == archive.md5):
-        log.info("%s is already here", dest)
-        return dest
-    part = dest.with_name(dest.name + ".part")
+def _download(source: Source, dest: Path, part: Path, md5: str | None) -> None:
+    """Fetch one source into `part` (continuing it), check its md5, and rename it to `dest`."""
+    url = source.url()
     offset = part.stat().st_size if part.exists() else 0
-    request = urllib.request.Request(archive.url, headers={"User-Agent": "domaingen"})
+    request = urllib.request.Request(url, headers={"User-Agent": "domaingen", **source.headers()})
     if offset:
         request.add_header("Range", f"bytes={offset}-")
     try:
         with urllib.request.urlopen(request, timeout=TIMEOUT_S) as response:
             resumed = offset > 0 and getattr(response, "status", None) == 206
             if offset and not resumed:
-                log.info("%s ignored the range request; downloading %s from the start", archive.url, dest.name)
+                log.info("%s ignored the range request; downloading %s from the start", url, dest.name)
                 offset = 0
             length = response.headers.get("Content-Length")
             total = offset + int(length) if length else None
@@ -121,37 +139,83 @@ def fetch(archive: Archive, folder: Path) -> Path:
                 for block in iter(lambda: response.read(CHUNK), b""):
                     out.write(block)
                     bar.update(len(block))
-    except (urllib.error.URLError, OSError) as exc:  # offline, refused, reset, timed out
-        raise _offline_error(archive.url, dest, exc) from None
-    if archive.md5 is not None:
+            if total is not None and part.stat().st_size < total:  # the server closed the connection early
+                raise ConnectionError(f"the connection closed after {part.stat().st_size} of {total} bytes")
+    except (urllib.error.URLError, OSError, http.client.HTTPException) as exc:  # offline, refused, reset, cut short
+        raise _offline_error(url, dest, exc) from None
+    if md5 is not None:
         got = file_md5(part)
-        if got != archive.md5:
+        if got != md5:
             part.unlink()
             raise DomaingenError(
-                f"checksum mismatch for {dest.name} from {archive.url}: expected md5 {archive.md5}, got {got}; "
+                f"checksum mismatch for {dest.name} from {url}: expected md5 {md5}, got {got}; "
                 "the file was removed, rerun to download it again"
             )
     part.replace(dest)
-    return dest
+
+
+def fetch(archive: Archive, folder: Path, accept: Callable[[Path], object] | None = None) -> Path:
+    """Download `archive` into `folder` from its first source that works, and return its path.
+
+    Each source is tried in turn (the original URL first); a failure is one logged line and
+    the next source is tried. A partial download continues from its `.part` file (one per
+    source). `accept(path)`, when given, uses the file (extracts and installs it): a file it
+    refuses is deleted and the next source is tried. When every source fails, the error is
+    the last failure's, or one line listing them all.
+    """
+    folder.mkdir(parents=True, exist_ok=True)
+    dest = folder / archive.filename
+    if dest.exists() and (archive.md5 is None or file_md5(dest) == archive.md5):
+        log.info("%s is already here", dest)
+        if accept is None:
+            return dest
+        try:
+            accept(dest)
+            return dest
+        except DomaingenError as exc:
+            dest.unlink()
+            log.warning("%s was refused (%s); downloading it again", dest, exc)
+    failures: list[str] = []
+    sources = archive.sources
+    for k, source in enumerate(sources):
+        part = dest.with_name(dest.name + (".part" if k == 0 else f".{k}.part"))
+        try:
+            _download(source, dest, part, archive.md5)
+            if accept is not None:
+                accept(dest)
+            return dest
+        except DomaingenError as exc:
+            if dest.exists():
+                dest.unlink()
+            failures.append(f"{source.describe()}: {exc}")
+            if len(sources) > 1:
+                log.warning("source %d of %d for %s failed (%s): %s", k + 1, len(sources), archive.filename,
+                            source.describe(), exc)
+            if len(sources) == 1:
+                raise
+    raise DomaingenError(f"no source of {archive.filename} worked ({len(sources)} tried; last: {failures[-1]})")
 
 
 def extract(path: Path, into: Path) -> None:
-    """Unpack a zip or tar archive into `into`; a zip's CRCs are checked first."""
+    """Unpack a zip or tar archive into `into`; a zip's CRCs are checked first. A damaged archive is one error."""
     into.mkdir(parents=True, exist_ok=True)
-    if zipfile.is_zipfile(path):
-        with zipfile.ZipFile(path) as archive:
-            bad = archive.testzip()
-            if bad is not None:
-                raise DomaingenError(f"{path} is damaged ({bad} fails its CRC); delete it and rerun the download")
-            archive.extractall(into)
-    elif tarfile.is_tarfile(path):
-        with tarfile.open(path) as archive:
-            try:
+    damaged = f"{path.name} is damaged"
+    try:
+        if zipfile.is_zipfile(path):
+            with zipfile.ZipFile(path) as archive:
+                bad = archive.testzip()
+                if bad is not None:
+                    raise DomaingenError(f"{path} is damaged ({bad} fails its CRC); it is not used: rerun the download")
+                archive.extractall(into)
+        elif tarfile.is_tarfile(path):
+            with tarfile.open(path) as archive:
                 archive.extractall(into, filter="data")
-            except tarfile.FilterError as exc:  # a member that would land outside `into`, a device file...
-                raise DomaingenError(f"{path} holds an unsafe member ({exc}); it was not extracted further") from None
-    else:
-        raise DomaingenError(f"{path} is neither a zip nor a tar archive; delete it and rerun the download")
+        else:
+            raise DomaingenError(f"{path} is neither a zip nor a tar archive; delete it and rerun the download")
+    except tarfile.FilterError as exc:  # a member that would land outside `into`, a device file...
+        raise DomaingenError(f"{path} holds an unsafe member ({exc}); it was not extracted further") from None
+    except (tarfile.TarError, zipfile.BadZipFile, EOFError, zlib.error) as exc:  # truncated or corrupted
+        raise DomaingenError(f"{damaged} ({type(exc).__name__}: {exc}); it is not used: rerun the download") from None
 
 
 def remove_listed(root: Path, listing: Path) -> int:
@@ -163,20 +227,6 @@ def remove_listed(root: Path, listing: Path) -> int:
             target.unlink()
             removed += 1
     return removed
-
-
-def download_pacs(data_dir: Path) -> str:
-    target = data_dir / "PACS"
-    if target.is_dir():
-        return f"{target} already exists; nothing to do"
-    archive = fetch(PACS_ARCHIVE, data_dir / "downloads")
-    staging = data_dir / "downloads" / "PACS-extract"
-    extract(archive, staging)
-    inner = staging / "kfold" if (staging / "kfold").is_dir() else staging
-    shutil.move(str(inner), str(target))
-    shutil.rmtree(staging, ignore_errors=True)
-    archive.unlink()
-    return f"PACS is in {target}"
 
 
 def download_domainnet(data_dir: Path) -> str:
@@ -194,61 +244,85 @@ def download_domainnet(data_dir: Path) -> str:
     return f"DomainNet is in {target}; removed {removed} duplicate files"
 
 
+def check_layout(dataset: str) -> Callable[[Path], None]:
+    """A check that a folder holds `dataset`'s tree (an ImageFolderDataset), without reading images:
+    every domain folder present, the same class folders in each, the published number of classes."""
+    from domaingen.datasets import DATASETS as TABLE
+    from domaingen.datasets.images import list_classes
+
+    cls = TABLE.get(dataset)
+    refused = "the archive is not the one expected; it was deleted and nothing was installed"
+
+    def check(root: Path) -> None:
+        folders = {}
+        for env in cls.ENVIRONMENTS:
+            found = [root / f for f in cls.folder_names(env) if (root / f).is_dir()]
+            if not found:
+                raise DomaingenError(f"after extraction, {dataset} lacks the domain folder {cls.folder_names(env)[0]}; "
+                                     f"{refused}")
+            folders[env] = found[0]
+        classes = {env: list_classes(path) for env, path in folders.items()}
+        first = cls.ENVIRONMENTS[0]
+        for env, names in classes.items():
+            if names != classes[first] or (cls.NUM_CLASSES and len(names) != cls.NUM_CLASSES):
+                raise DomaingenError(f"after extraction, {dataset}'s {folders[env].name} has {len(names)} class "
+                                     f"folders, not the {cls.NUM_CLASSES or len(classes[first])} expected; {refused}")
+
+    return check
+
+
 def verify_layout(dataset: str, data_dir: Path) -> str:
-    """Check that the folders of `dataset` (an ImageFolderDataset) are where it reads them, without
-    reading images: every domain folder present, the same class folders in each, the published
-    number of classes. Returns a summary line; raises DomaingenError naming what is wrong."""
+    """Check `dataset`'s folders under `data_dir` (see check_layout); returns a summary line."""
     from domaingen.datasets import DATASETS as TABLE
     from domaingen.datasets.images import list_classes
 
     cls = TABLE.get(dataset)
     root = data_dir / cls.DATASET_DIR
-    folders = {}
-    for env in cls.ENVIRONMENTS:
-        found = [root / f for f in cls.folder_names(env) if (root / f).is_dir()]
-        if not found:
-            raise DomaingenError(f"after extraction, {root} lacks the domain folder {cls.folder_names(env)[0]}; "
-                                 f"the archive is not the one expected: delete {root} and rerun the download")
-        folders[env] = found[0]
-    classes = {env: list_classes(path) for env, path in folders.items()}
-    first = cls.ENVIRONMENTS[0]
-    for env, names in classes.items():
-        if names != classes[first] or (cls.NUM_CLASSES and len(names) != cls.NUM_CLASSES):
-            raise DomaingenError(f"after extraction, {folders[env]} has {len(names)} class folders, not the "
-                                 f"{cls.NUM_CLASSES or len(classes[first])} expected; delete {root} and rerun the download")
-    return f"{dataset} is in {root} ({len(cls.ENVIRONMENTS)} domains, {len(classes[first])} classes)"
+    check_layout(dataset)(root)
+    classes = list_classes(root / next(f for f in cls.folder_names(cls.ENVIRONMENTS[0]) if (root / f).is_dir()))
+    return f"{dataset} is in {root} ({len(cls.ENVIRONMENTS)} domains, {len(classes)} classes)"
 
 
-def _fetch_and_unpack(archive: Archive, data_dir: Path, staging_name: str) -> Path:
-    staging = data_dir / "downloads" / staging_name
-    path = fetch(archive, data_dir / "downloads")
-    extract(path, staging)
+def check_spawrious(root: Path) -> None:
+    """Every (folder, location, breed) folder the six Spawrious benchmarks read holds an image."""
+    from domaingen.datasets.spawrious import EXTENSIONS, SpawriousBenchmark
+
+    for cls in SpawriousBenchmark.__subclasses__():
+        for groups in cls.groups().values():
+            for group in groups:
+                folder = root / group.relative_dir()
+                if not folder.is_dir() or not any(n.endswith(EXTENSIONS) for n in os.listdir(folder)):
+                    raise DomaingenError(f"after extraction, Spawrious lacks images in {group.relative_dir()}; the "
+                                         "archive is not the one expected; it was deleted and nothing was installed")
+
+
+def install_archive(spec: "DownloadSpec", data_dir: Path) -> str:
+    """Download `spec`'s archive from its first working source, extract it into a temporary folder,
+    verify the tree and rename it to `<data_dir>/<spec.folder>`."""
+    target = data_dir / spec.folder
+    if target.exists():
+        return f"{target} already exists: {check_installed(data_dir, spec.name, target)}"
+    archive = spec.archives[0]
+
+    def accept(path: Path) -> None:
+        def build(staging: Path) -> Path:
+            extract(path, staging)
+            inner = staging / spec.inner if spec.inner and (staging / spec.inner).is_dir() else staging
+            if spec.prepare is not None:
+                spec.prepare(inner)
+            return inner
+
+        entries = install(data_dir, spec.name, target, build, spec.tree, spec.check)
+        log.info("%s: %d files verified and installed", spec.name, len(entries))
+
+    path = fetch(archive, data_dir / "downloads", accept)
     path.unlink()
-    return staging
+    return spec.summary(data_dir)
 
 
-def download_officehome(data_dir: Path) -> str:
-    target = data_dir / "office_home"
-    if target.is_dir():
-        return f"{target} already exists; nothing to do"
-    staging = _fetch_and_unpack(OFFICEHOME_ARCHIVE, data_dir, "office_home-extract")
-    inner = staging / "OfficeHomeDataset_10072016"
-    shutil.move(str(inner if inner.is_dir() else staging), str(target))
-    if (target / "Real World").is_dir() and not (target / "Real_World").exists():
-        (target / "Real World").rename(target / "Real_World")  # DomainBed's folder name, no space
-    shutil.rmtree(staging, ignore_errors=True)
-    return verify_layout("OfficeHome", data_dir)
-
-
-def download_vlcs(data_dir: Path) -> str:
-    target = data_dir / "VLCS"
-    if target.is_dir():
-        return f"{target} already exists; nothing to do"
-    staging = _fetch_and_unpack(VLCS_ARCHIVE, data_dir, "VLCS-extract")
-    inner = staging / "VLCS"
-    shutil.move(str(inner if inner.is_dir() else staging), str(target))
-    shutil.rmtree(staging, ignore_errors=True)
-    return verify_layout("VLCS", data_dir)
+def _real_world_without_space(root: Path) -> None:
+    if (root / "Real World").is_dir() and not (root / "Real_World").exists():
+        (root / "Real World").rename(root / "Real_World")  # DomainBed's folder name, no space
 
 
 def sort_terra_incognita(annotations: dict, images: Path, target: Path) -> int:
@@ -278,20 +352,31 @@ def download_terraincognita(data_dir: Path) -> str:
     import json
 
     target = data_dir / "terra_incognita"
-    if target.is_dir():
-        return f"{target} already exists; nothing to do"
-    labels = _fetch_and_unpack(TERRA_ANNOTATIONS, data_dir, "terra-annotations")
-    images = _fetch_and_unpack(TERRA_IMAGES, data_dir, "terra-images")
-    listing = sorted(labels.rglob("*.json"))
-    if not listing:
-        raise DomaingenError(f"{TERRA_ANNOTATIONS.filename} holds no .json annotation file; delete {labels} and rerun")
-    inner = images / "eccv_18_all_images_sm"
-    staging = data_dir / "downloads" / "terra-sorted"
-    shutil.rmtree(staging, ignore_errors=True)
-    sort_terra_incognita(json.loads(listing[0].read_text()), inner if inner.is_dir() else images, staging)
-    shutil.move(str(staging), str(target))
-    shutil.rmtree(images, ignore_errors=True)
-    shutil.rmtree(labels, ignore_errors=True)
+    if target.exists():
+        return f"{target} already exists: {check_installed(data_dir, 'terraincognita', target)}"
+    downloads = data_dir / "downloads"
+    labels_zip = fetch(TERRA_ANNOTATIONS, downloads)
+    images_tar = fetch(TERRA_IMAGES, downloads)
+
+    def build(staging: Path) -> Path:
+        extract(labels_zip, staging / "labels")
+        listing = sorted((staging / "labels").rglob("*.json"))
+        if not listing:
+            raise DomaingenError(f"{TERRA_ANNOTATIONS.filename} holds no .json annotation file; it was deleted, rerun")
+        extract(images_tar, staging / "images")
+        inner = staging / "images" / "eccv_18_all_images_sm"
+        sort_terra_incognita(json.loads(listing[0].read_text()), inner if inner.is_dir() else staging / "images",
+                             staging / "sorted")
+        return staging / "sorted"
+
+    try:
+        install(data_dir, "terraincognita", target, build, None, check_layout("TerraIncognita"))
+    except DomaingenError:
+        labels_zip.unlink()
+        images_tar.unlink()
+        raise
+    labels_zip.unlink()
+    images_tar.unlink()
     return verify_layout("TerraIncognita", data_dir)
 
 
@@ -317,20 +402,91 @@ def download_mnist(data_dir: Path) -> str:
     return f"MNIST ({len(digits.labels)} digits) is in {data_dir / 'MNIST' / 'raw'}"
 
 
-DOWNLOADERS: dict[str, Callable[[Path], str]] = {
-    "mnist": download_mnist,
-    "pacs": download_pacs,
-    "domainnet": download_domainnet,
-    "officehome": download_officehome,
-    "vlcs": download_vlcs,
-    "terraincognita": download_terraincognita,
-    "camelyon17": download_wilds("camelyon17"),
-    "fmow": download_wilds("fmow"),
-}
+@dataclass(frozen=True)
+class DownloadSpec:
+    """What `domaingen download --dataset NAME` fetches and what `--list` shows about it."""
+
+    name: str
+    datasets: str  # the dataset names it provides, for the listing
+    folder: str  # under data_dir
+    archives: tuple[Archive, ...]
+    size: str
+    licence: str
+    run: Callable[[Path], str] | None = None  # a custom downloader; None: install_archive
+    inner: str = ""  # the folder inside the archive that becomes `folder` ("" = the archive's top level)
+    tree: TreeDigest | None = None  # the published tree's digest, where one is recorded
+    check: Callable[[Path], None] | None = None
+    prepare: Callable[[Path], None] | None = None
+
+    def summary(self, data_dir: Path) -> str:
+        from domaingen.datasets import DATASETS as TABLE, ImageFolderDataset
+
+        dataset = self.datasets.split(",")[0].strip()
+        if dataset in TABLE.names() and issubclass(TABLE.get(dataset), ImageFolderDataset):
+            return verify_layout(dataset, data_dir)
+        return f"{self.datasets} is in {data_dir / self.folder}"
+
+    def fetch_into(self, data_dir: Path) -> str:
+        return self.run(data_dir) if self.run is not None else install_archive(self, data_dir)
+
+
+UNKNOWN_SIZE = "not recorded"
+SPECS: tuple[DownloadSpec, ...] = (
+    DownloadSpec("mnist", "ColoredMNIST, RotatedMNIST, IRMColoredMNIST", "MNIST", (), "11.6 MB (4 gzip files)",
+                 "CC BY-SA 3.0 (LeCun, Cortes, Burges)", run=download_mnist),
+    DownloadSpec("pacs", "PACS", "PACS", (PACS_ARCHIVE,), UNKNOWN_SIZE,
+                 "no licence published by the authors; research use", inner="kfold", check=check_layout("PACS")),
+    DownloadSpec("domainnet", "DomainNet", "DomainNet", DOMAINNET_ARCHIVES, UNKNOWN_SIZE,
+                 "research and non-commercial use (the authors' terms)", run=download_domainnet),
+    DownloadSpec("officehome", "OfficeHome", "office_home", (OFFICEHOME_ARCHIVE,), UNKNOWN_SIZE,
+                 "research and non-commercial use only (the authors' terms)", inner="OfficeHomeDataset_10072016",
+                 check=check_layout("OfficeHome"), prepare=_real_world_without_space),
+    DownloadSpec("vlcs", "VLCS", "VLCS", (VLCS_ARCHIVE,), UNKNOWN_SIZE,
+                 "images of Caltech101, LabelMe, SUN09, PASCAL VOC 2007: each source's terms", inner="VLCS",
+                 check=check_layout("VLCS")),
+    DownloadSpec("terraincognita", "TerraIncognita", "terra_incognita", (TERRA_ANNOTATIONS, TERRA_IMAGES),
+                 UNKNOWN_SIZE, "Community Data License Agreement, permissive (Caltech Camera Traps on LILA)",
+                 run=download_terraincognita),
+    DownloadSpec("sviro", "SVIRO", "sviro", (SVIRO_ARCHIVE,), UNKNOWN_SIZE,
+                 "CC BY-NC-SA 4.0 (DFKI; see sviro.kl.dfki.de)", inner="SVIRO_DOMAINBED", check=check_layout("SVIRO")),
+    DownloadSpec("spawrious", "SpawriousO2O_*, SpawriousM2M_*", "spawrious224", (SPAWRIOUS_ARCHIVE,), UNKNOWN_SIZE,
+                 "images generated with Stable Diffusion; code MIT (Lynch et al.); see github.com/aengusl/spawrious",
+                 inner="spawrious224", check=check_spawrious),
+    DownloadSpec("camelyon17", "Camelyon17, Camelyon17Official", "camelyon17_v1.0", (), UNKNOWN_SIZE,
+                 "CC0 1.0 (WILDS)", run=download_wilds("camelyon17")),
+    DownloadSpec("fmow", "FMoW, FMoWOfficial", "fmow_v1.1", (), UNKNOWN_SIZE,
+                 "fMoW Challenge Public License (WILDS)", run=download_wilds("fmow")),
+)
+DOWNLOADS: dict[str, DownloadSpec] = {spec.name: spec for spec in SPECS}
+DATASETS = tuple(DOWNLOADS)
 
 
 def download(name: str, data_dir: str) -> str:
     """Fetch dataset `name` into `data_dir`; returns a one-line summary for the user."""
-    if name not in DOWNLOADERS:
-        raise DomaingenError(f"unknown dataset '{name}' to download; valid: {', '.join(DOWNLOADERS)}")
-    return DOWNLOADERS[name](Path(data_dir).expanduser())
+    key = name.lower()
+    if key not in DOWNLOADS:
+        raise DomaingenError(f"unknown dataset '{name}' to download; valid: {', '.join(DOWNLOADS)}")
+    return DOWNLOADS[key].fetch_into(Path(data_dir).expanduser())
+
+
+def listing(data_dir: str) -> list[list[str]]:
+    """One row per downloadable dataset: name, datasets, sources (one per line), size, licence, state under `data_dir`."""
+    root = Path(data_dir).expanduser()
+    rows = []
+    for spec in DOWNLOADS.values():
+        sources = [source.describe() for archive in spec.archives for source in archive.sources]
+        if not sources:
+            sources = ["torchvision's MNIST mirrors"] if spec.name == "mnist" else [f"the wilds package ({spec.name})"]
+        state = check_installed(root, spec.name, root / spec.folder)
+        rows.append([spec.name, spec.datasets, "\n".join(sources), spec.size, spec.licence, state])
+    return rows
+
+
+def format_listing(rows: list[list[str]], data_dir: str) -> str:
+    """`listing` as text: one block per dataset, its sources numbered in the order they are tried."""
+    blocks = []
+    for name, datasets, sources, size, licence, state in rows:
+        lines = [f"{name} ({datasets}): {state}", f"  size: {size}; licence: {licence}"]
+        lines += [f"  source {k}: {source}" for k, source in enumerate(sources.splitlines(), 1)]
+        blocks.append("\n".join(lines))
+    return f"datasets under {data_dir}:\n" + "\n".join(blocks)

@@ -218,3 +218,12 @@ class TerraIncognita(ImageFolderDataset):
     DATASET_DIR = "terra_incognita"
     DOWNLOAD_NAME = "terraincognita"
     NUM_CLASSES = 10
+
+
+@DATASETS.register("SVIRO")
+class SVIRO(ImageFolderDataset):
+    """Synthetic grayscale rear-seat images of ten vehicle interiors (Dias Da Cruz et al., 2020), DomainBed's subset."""
+
+    ENVIRONMENTS = ("aclass", "escape", "hilux", "i3", "lexus", "tesla", "tiguan", "tucson", "x5", "zoe")
+    DATASET_DIR = "sviro"
+    DOWNLOAD_NAME = "sviro"

@@ -131,16 +131,19 @@ class FileEnvironment:
 class FileExamples(Dataset):
     """Every environment's examples, keyed by (env, position, augmentation seed or None).
 
-    A key with a seed gets the training transform under that seed; None gets the
-    evaluation transform. An unreadable file is replaced by the next example of its
+    A key with a seed gets the training transform under that seed, unless its environment
+    is not in `augmented` (None: every environment is); None gets the evaluation transform.
+    An unreadable file is replaced by the next example of its
     environment, with a warning (files are checked when the dataset is built, so this
     only happens to files damaged after their header).
     """
 
-    def __init__(self, environments: Sequence[FileEnvironment], train_tf: Callable, eval_tf: Callable) -> None:
+    def __init__(self, environments: Sequence[FileEnvironment], train_tf: Callable, eval_tf: Callable,
+                 augmented: Sequence[int] | None = None) -> None:
         self.environments = list(environments)
         self.train_tf = train_tf
         self.eval_tf = eval_tf
+        self.augmented = None if augmented is None else frozenset(augmented)
 
     def __len__(self) -> int:
         return sum(len(env) for env in self.environments)
@@ -155,7 +158,8 @@ class FileExamples(Dataset):
             except OSError as exc:
                 log.warning("skipping unreadable image %s (%s); using the next one", env.paths[p], exc)
                 continue
-            return self._transform(image, aug_seed), int(env.y[p])
+            augment = aug_seed is not None and (self.augmented is None or env_index in self.augmented)
+            return self._transform(image, aug_seed if augment else None), int(env.y[p])
         raise DomaingenError(f"no readable image in environment {env.name}")
 
     def _transform(self, image: Image.Image, aug_seed: int | None) -> torch.Tensor:
@@ -279,6 +283,8 @@ class FileDomains(MultiDomainDataset):
 
     HPARAMS = RESNET_HPARAMS
     EVAL_BATCH_SIZE: ClassVar[int] = 128
+    # None: training draws are augmented in every environment; a tuple: only in these environments
+    AUGMENTED_ENVIRONMENTS: ClassVar[tuple[int, ...] | None] = None
 
     def __init__(self, data_dir: str, test_envs: Sequence[int], hparams: Mapping[str, Any]) -> None:
         super().__init__(data_dir, test_envs, hparams)
@@ -294,11 +300,24 @@ class FileDomains(MultiDomainDataset):
     def input_shape(self) -> tuple[int, ...]:
         return (self.INPUT_SHAPE[0], self.image_size, self.image_size)
 
+    def training_transform(self) -> Callable[[Image.Image], torch.Tensor]:
+        """The augmentation of training examples (DomainBed's for image folders; a dataset may override)."""
+        return train_transform(self.image_size)
+
+    def augments(self, env_index: int) -> bool:
+        """Whether DomainBed reads environment `env_index` through the training augmentation (also when
+        evaluating it, which the domainbed protocol reproduces): every environment but the test ones,
+        or exactly AUGMENTED_ENVIRONMENTS where a dataset ties augmentation to the environment."""
+        if self.AUGMENTED_ENVIRONMENTS is None:
+            return env_index not in self.test_envs
+        return env_index in self.AUGMENTED_ENVIRONMENTS
+
     def examples(self) -> FileExamples:
         """All environments' examples with this dataset's transforms (built once)."""
         if self._examples is None:
+            augmented = self.AUGMENTED_ENVIRONMENTS  # None: every example drawn for training is augmented
             self._examples = FileExamples(
-                self.environments, train_transform(self.image_size), eval_transform(self.image_size)
+                self.environments, self.training_transform(), eval_transform(self.image_size), augmented
             )
             for env in self.environments:
                 env.transform = self._examples.eval_tf
@@ -317,7 +336,7 @@ class FileDomains(MultiDomainDataset):
 
     def _eval_augmentation_seed(self, env_index: int, position: int) -> int | None:
         """None (the evaluation transform), or the seed of the training augmentation (domainbed protocol)."""
-        if self.DOMAINBED_SEED is None or env_index in self.test_envs:
+        if self.DOMAINBED_SEED is None or not self.augments(env_index):
             return None
         return seed_hash(self.DOMAINBED_SEED, "eval", self.eval_round, env_index, position)
 

@@ -68,7 +68,9 @@ DOMAINBED_ALGORITHMS = (
 DOMAINBED_DATASETS = {
     "ColoredMNIST": "ColoredMNIST", "RotatedMNIST": "RotatedMNIST", "VLCS": "VLCS", "PACS": "PACS",
     "OfficeHome": "OfficeHome", "TerraIncognita": "TerraIncognita", "DomainNet": "DomainNet",
-    "Camelyon17": "WILDSCamelyon", "FMoW": "WILDSFMoW",
+    "Camelyon17": "WILDSCamelyon", "FMoW": "WILDSFMoW", "SVIRO": "SVIRO",
+    **{name: name for name in ("SpawriousO2O_easy", "SpawriousO2O_medium", "SpawriousO2O_hard",
+                               "SpawriousM2M_easy", "SpawriousM2M_medium", "SpawriousM2M_hard")},
 }
 
 # Names DomainBed's registry draws for every algorithm (where our space has them).
