@@ -210,3 +210,19 @@ def test_mask_seeds_are_distinct_and_non_negative(tmp_path, capsys):
     assert main(["-q", "diagnose", str(run), "--domain_masks", "--mask_seed", "1", "1"]) == 2
     assert capsys.readouterr().err.strip() == "domaingen: error: --mask_seed takes distinct non-negative integers, got 1 1"
     assert not (run / "diagnostics.json").exists()
+
+
+def test_permuted_mnist_environments_are_the_digits_with_their_pixels_reordered():
+    from domaingen.datasets.mnist import PermutedMNIST, load_mnist
+
+    ds = PermutedMNIST("embedded", [2], {})
+    digits = load_mnist("embedded")
+    orders = [ds.pixel_permutation(e) for e in range(3)]
+    assert orders[0].tolist() == list(range(784)) and sorted(orders[1].tolist()) == list(range(784))
+    assert orders[1].tolist() != orders[2].tolist()
+    for e, env in enumerate(ds.environments):
+        images = digits.images[env.source_index].flatten(1)
+        for n in (0, 5):
+            pixels = images[n].tolist()
+            assert env.x[n].tolist() == [pixels[int(orders[e][j])] for j in range(784)]
+        assert torch.equal(env.y, digits.labels[env.source_index])

