@@ -198,8 +198,15 @@ def test_diagnose_reports_kept_weights_ratio_and_seed_stability(tmp_path, capsys
     assert masks["kept_weights"] == kept
     assert masks["weight_ratio"][1][0] == pytest.approx(kept[1] / kept[0])
     stability = masks["seed_stability"]
-    assert stability["seeds"] == [3, 4, 5] and len(stability["domains"]["add"]["pairs"]) == 3
+    assert masks["mask_seeds"] == stability["seeds"] == [3, 4, 5] and len(stability["domains"]["add"]["pairs"]) == 3
     assert set(stability["domains"]["mul"]["layers"]) == set(layers)
+    # the first seed's masks are the report's, whatever other seeds follow
+    again = tmp_path / "again.json"
+    assert main(["-q", "diagnose", str(run), "--domain_masks", "--mask_steps", "3", "--mask_alpha", "0.5",
+                 "--max_examples", "50", "--mask_seed", "3", "--output", str(again)]) == 0
+    alone = json.loads(again.read_text())["domain_masks"]
+    assert alone["layers"] == layers and alone["accuracy_matrix"] == masks["accuracy_matrix"]
+    assert "seed_stability" not in alone
 
 
 def test_mask_seeds_are_distinct_and_non_negative(tmp_path, capsys):

@@ -168,13 +168,13 @@ def domain_weight_masks(
         MASK_LR,
         SEED_STRIDE,
         check_mask_options,
-        seed_stability,
-        weight_ratios,
         mask_overlap,
         mask_sharing,
         maskable_weights,
         masked_accuracy,
+        seed_stability,
         train_mask_logits,
+        weight_ratios,
     )
     from domaingen.masks import eval_mask
     from domaingen.stats import histogram
@@ -255,6 +255,7 @@ def domain_weight_masks(
 
     return {
         "domains": names, "steps": steps, "batch_size": batch_size, "mask_lr": MASK_LR, "alpha": alpha,
+        "mask_seeds": seeds,
         "accuracy": [{"domain": names[d], "masked": matrix[d][env], "unmasked": unmasked[env]}
                      for d, env in enumerate(train_envs)],
         "environments": [split.env.name for split in env_splits],
