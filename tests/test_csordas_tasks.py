@@ -220,7 +220,8 @@ def test_mask_seeds_are_distinct_and_non_negative(tmp_path, capsys):
 
 
 def test_permuted_mnist_environments_are_the_digits_with_their_pixels_reordered():
-    from domaingen.datasets.mnist import PermutedMNIST, load_mnist
+    from domaingen.datasets.mnist import load_mnist
+    from domaingen.datasets.permuted_mnist import PermutedMNIST
 
     ds = PermutedMNIST("embedded", [2], {})
     digits = load_mnist("embedded")

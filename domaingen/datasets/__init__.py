@@ -156,12 +156,13 @@ many batches were consumed).
 
 from domaingen.datasets.base import (DATASETS, EMBEDDED, Environment, MultiDomainDataset, check_data_dir,
                                      resolve_data_dir)
-from domaingen.datasets import mnist  # noqa: F401  (registers ColoredMNIST, RotatedMNIST, PermutedMNIST)
+from domaingen.datasets import mnist  # noqa: F401  (registers ColoredMNIST, RotatedMNIST)
 from domaingen.datasets import images  # noqa: F401  (registers PACS, DomainNet, OfficeHome, VLCS, TerraIncognita)
 from domaingen.datasets.images import ImageFolderDataset
 from domaingen.datasets import wilds  # noqa: F401  (registers Camelyon17, FMoW and their official-split forms)
 from domaingen.datasets import contamination  # noqa: F401  (registers FeatureContamination, FeatureContaminationSeparable)
 from domaingen.datasets import arithmetic  # noqa: F401  (registers AddMul, DoubleAddition)
+from domaingen.datasets import permuted_mnist  # noqa: F401  (registers PermutedMNIST)
 from domaingen.datasets.splits import (
     Split,
     check_class_coverage,

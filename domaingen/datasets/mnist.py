@@ -302,26 +302,6 @@ class RotatedMNIST(MNISTDomains):
         return Environment("", x.to(torch.uint8), labels)
 
 
-@DATASETS.register("PermutedMNIST")
-class PermutedMNIST(MNISTDomains):
-    """Ten-class MNIST as flat 784-pixel vectors, each environment's pixels in its own fixed order
-    (Csordás et al.'s permuted MNIST): `p0` the identity, the others random permutations drawn
-    once from DATA_SEED (`pixel_permutation`)."""
-
-    ENVIRONMENTS = ("p0", "p1", "p2")
-    INPUT_SHAPE = (784,)
-    NUM_CLASSES = 10
-
-    def make_environment(self, images, labels, env_index, generator):
-        return Environment("", images.flatten(1)[:, self.pixel_permutation(env_index)].contiguous(), labels)
-
-    def pixel_permutation(self, env_index: int) -> torch.Tensor:
-        """Environment `env_index`'s pixel order: input pixel j is image pixel order[j]."""
-        if env_index == 0:
-            return torch.arange(784)
-        return torch.randperm(784, generator=torch.Generator().manual_seed(self.DATA_SEED * 1000 + 500 + env_index))
-
-
 def pil_rotated(images: torch.Tensor, angle: float) -> torch.Tensor:
     """uint8 [N, 1, 28, 28]: each image rotated as a PIL image (bilinear, filled with 0), as DomainBed does."""
     import numpy as np
