@@ -234,3 +234,17 @@ def test_permuted_mnist_environments_are_the_digits_with_their_pixels_reordered(
             pixels = images[n].tolist()
             assert env.x[n].tolist() == [pixels[int(orders[e][j])] for j in range(784)]
         assert torch.equal(env.y, digits.labels[env.source_index])
+
+
+def test_a_featurizer_with_its_own_head_gets_the_identity_head_of_its_size_only():
+    from domaingen.algorithms import ALGORITHMS
+    from domaingen.networks import build_classifier
+
+    erm = ALGORITHMS.get("ERM")((42,), 100, 2, {**{k: v.default for k, v in AddMul.hparam_space().items()},
+                                                "layer_sizes": "6"})
+    assert isinstance(erm.classifier, torch.nn.Identity)
+    assert sum(p.numel() for p in erm.network.parameters()) == 42 * 6 + 6 + 6 * 20 + 20
+    with pytest.raises(DomaingenError) as caught:
+        build_classifier(1000, 100, included=True)
+    assert str(caught.value) == ("the featurizer ends in its own head of 1000 outputs, but the dataset has 100 classes; "
+                                 "use a featurizer that fits the dataset")
