@@ -241,6 +241,7 @@ class FeaturizerClassifier(Algorithm):
             num_classes,
             single_logit=bool(self.hparams.get("single_logit", False)),
             init=getattr(self.featurizer, "head_init", "default"),
+            included=bool(getattr(self.featurizer, "includes_head", False)),
         )
         self.prepare_modules()
         self.network = nn.Sequential(self.featurizer, self.classifier)

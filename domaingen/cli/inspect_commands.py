@@ -32,6 +32,9 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--mask_alpha", type=float, default=None,
                    help="--domain_masks: strength of the masks' sum-of-logits regulariser (default 1e-5); the "
                         "control mask (every training domain) shows whether it is too strong")
+    p.add_argument("--mask_seed", type=int, nargs="+", default=None, metavar="SEED",
+                   help="--domain_masks: seed the masks' training; two or more seeds train every domain's mask "
+                        "once per seed and compare them (seed_stability: IoU between seeds)")
     p.add_argument("--max_examples", type=int, default=None,
                    help="examples per environment for activation statistics (default: 2000)")
     p.add_argument("--output", default=None, help="where to write diagnostics.json (default: RUN_DIR/diagnostics.json)")
@@ -182,9 +185,35 @@ def domain_mask_table(masks: Mapping[str, Any]) -> str:
     rows.append(["unmasked"] + [_fmt(a) for a in masks["unmasked_accuracy"]])
     sharing = "; ".join(f"s({t},{r})={_fmt(masks['sharing'][i][j])}" for i, t in enumerate(masks["domains"])
                         for j, r in enumerate(masks["domains"]) if i != j)
-    return (f"domain masks (alpha {masks['alpha']:g}): accuracy per environment (* held out), inverted mask in "
+    text = (f"domain masks (alpha {masks['alpha']:g}): accuracy per environment (* held out), inverted mask in "
             f"brackets; control keeps {_fmt(control['kept_fraction'])} of the weights\n"
             + tabulate(rows, headers=["mask", *envs], disable_numparse=True) + f"\nsharing {sharing}")
+    if "kept_weights" in masks:
+        text += "\n\n" + mask_layer_table(masks)
+    if "seed_stability" in masks:
+        stability = masks["seed_stability"]
+        text += (f"\n\nmask stability over mask seeds {' '.join(map(str, stability['seeds']))}: IoU between seeds "
+                 "(mean +- std over seed pairs; per layer, the mean)\n" + tabulate(
+                     [[d, f"{_fmt(v['mean'])} +- {_fmt(v['std'])}", *(_fmt(x) for x in v["layers"].values())]
+                      for d, v in stability["domains"].items()],
+                     headers=["mask", "all weights", *next(iter(stability["domains"].values()))["layers"]],
+                     disable_numparse=True))
+    return text
+
+
+def mask_layer_table(masks: Mapping[str, Any]) -> str:
+    """Per layer, each domain mask's kept weights and the sharing s(t, r); then the weight ratios."""
+    domains = masks["domains"]
+    pairs = [(i, j) for i in range(len(domains)) for j in range(len(domains)) if i != j]
+    rows = [[layer, entry["weights"], *entry["kept_weights"], *(_fmt(entry["sharing"][i][j]) for i, j in pairs)]
+            for layer, entry in masks["layers"].items()]
+    rows.append(["all", sum(e["weights"] for e in masks["layers"].values()), *masks["kept_weights"],
+                 *(_fmt(masks["sharing"][i][j]) for i, j in pairs)])
+    ratios = "; ".join(f"{domains[i]}/{domains[j]} = {masks['weight_ratio'][i][j]:.2f}" for i, j in pairs)
+    return ("kept weights per layer and sharing s(t,r) = |t & r| / |t| (the share of t's weights r keeps too)\n"
+            + tabulate(rows, headers=["layer", "weights", *(f"kept {d}" for d in domains),
+                                      *(f"s({domains[i]},{domains[j]})" for i, j in pairs)], disable_numparse=True)
+            + f"\nweight ratio (kept weights) {ratios}")
 
 
 def section_tables(sections: Mapping[str, Any]) -> str:
@@ -221,11 +250,13 @@ def diagnose_command(ns: argparse.Namespace) -> int:
     started = time.perf_counter()
     loaded = load_run(ns.run_dir, ns.checkpoint, ns.data_dir, ns.device)
     alpha = MASK_ALPHA if ns.mask_alpha is None else ns.mask_alpha
+    seeds = list(ns.mask_seed or ())
     if ns.domain_masks:
-        check_mask_options(len(loaded.splits) - len(loaded.test_envs), alpha)
+        check_mask_options(len(loaded.splits) - len(loaded.test_envs), alpha, seeds)
     result = diagnose(loaded, max_examples)
     if ns.domain_masks:
-        result["domain_masks"] = domain_weight_masks(loaded, steps, alpha=alpha, max_examples=max_examples)
+        result["domain_masks"] = domain_weight_masks(loaded, steps, alpha=alpha, max_examples=max_examples,
+                                                     mask_seeds=seeds)
     result["seconds"] = time.perf_counter() - started
     output = Path(ns.output) if ns.output else loaded.path / "diagnostics.json"
     result.update(_kept_sections(output))

