@@ -59,7 +59,8 @@ def test_a_bundle_reprints_the_tables_and_evaluates_after_the_sweep_is_deleted(s
     shutil.rmtree(copy)
     code, again, _ = run(capsys, "collect", "--input_dir", str(tmp_path / "b.zip"))
     assert code == 0 and tables_part(again) == tables_part(markdown)
-    assert "Read from a bundle of sweep sweep: the runs its tables selected, of 12 done runs." in again
+    assert ("Read from a bundle of sweep sweep: the records of its 12 done runs, and the weights of the runs its "
+            "tables selected.") in again
     code, csv_again, _ = run(capsys, "collect", "--input_dir", str(tmp_path / "b.zip"), "--format", "csv")
     assert csv_again == csv_text
     cells = pd.read_csv(io.StringIO(csv_text))

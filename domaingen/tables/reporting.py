@@ -608,8 +608,10 @@ def _footer(collection: Collection) -> str:
     lines = [f"{done_runs(collection.records['run'].nunique())}, {len(collection.records)} records."]
     lines += skipped_lines(collection)
     if collection.bundle:
-        lines.append(f"Read from a bundle of sweep {collection.bundle.get('source')}: the runs its tables selected, "
-                     f"of {done_runs(collection.bundle.get('done_runs', 0))}.")
+        held = (", and the weights of the runs its tables selected" if collection.bundle.get("weights", True)
+                else " (no weights)")
+        lines.append(f"Read from a bundle of sweep {collection.bundle.get('source')}: the records of its "
+                     f"{done_runs(collection.bundle.get('done_runs', 0))}{held}.")
     if collection.failed:
         lines.append(f"Failed runs ({len(collection.failed)}), not counted:")
         lines += [f"- {run}: {reason}" for run, reason in collection.failed]
