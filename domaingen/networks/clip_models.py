@@ -183,7 +183,7 @@ class CLIPFeaturizer(nn.Module):
         self.backbone = backbone
         self.visual = clip.visual
         self.image_size = tuple(getattr(clip.visual, "image_size", (224, 224)))
-        self.logit_scale = float(clip.logit_scale.exp())
+        self.logit_scale = float(clip.logit_scale.detach().exp())
         self.n_outputs = int(require_open_clip().get_model_config(parse(backbone)[0])["embed_dim"])
         self._text = [clip]  # a list: not a submodule
         self.train()
