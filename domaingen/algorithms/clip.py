@@ -10,6 +10,9 @@ class's text embedding (its `clip_prompt` templates filled with the dataset's cl
 embedded, normalised, averaged and normalised again). Training never changes it, so every
 checkpoint, the first (step 0) included, gives the same zero-shot accuracies.
 
+    domaingen train --dataset RotatedMNIST --algorithm CLIP --test_envs 5 --steps 1001 \
+        --hparams '{"clip_model": "ViT-B-32", "clip_prompt": "a photo of the number {}.|the digit {}"}'
+
 Without `clip_model` the tower is the dataset's featurizer, frozen at its random
 initialisation, and there is no zero-shot mode: what the generic algorithm checks build. A
 run refuses that (`check_hparams`), and a dataset without class names (`class_names`).
@@ -44,7 +47,8 @@ class CLIP(Algorithm):
         "clip_prompt": HParam("a photo of a {}.", help="zero-shot prompt templates separated by '|', each with "
                                                        "one {} for the class name; their embeddings are averaged"),
     }
-    NO_ADDITIVE_PENALTY = "a linear probe trains the classifier alone over a frozen tower, so masks of the tower never train"
+    NO_ADDITIVE_PENALTY = ("a linear probe trains the classifier alone over a frozen tower, so masks of the tower "
+                           "never train")
     NEEDS_CLASS_NAMES = "its zero-shot classifier embeds the class names"
 
     def __init__(self, input_shape, num_classes, num_domains, hparams) -> None:
