@@ -83,6 +83,8 @@ LOSS_STAYS = {
     "ERMPlusPlus": "DomainBed's defaults train the linear head only, at linear_lr 5e-5, for the first 501 updates; "
                    "tests/test_algorithms_ermpp.py shows it learning with a short warm-up",
     "ERMPlusPlus+ModReg": "as ERMPlusPlus",
+    "CLIP": "a linear probe: the head alone trains over the frozen random MLP, 0.71 -> 0.62 in 40 updates at lr 1e-3; "
+            "tests/test_clip.py shows it learning",
 }
 
 

@@ -52,6 +52,9 @@ class Algorithm(nn.Module):
     NO_SINGLE_LOGIT: ClassVar[str] = ""
     # Why weight averaging (X+EMA, X+SWAD) must be refused, e.g. a method that already evaluates an average.
     NO_WEIGHT_AVERAGING: ClassVar[str] = ""
+    # Why the method needs the dataset's class names (`set_class_names`); empty when it does not. A run of
+    # a dataset without them is refused before it writes anything.
+    NEEDS_CLASS_NAMES: ClassVar[str] = ""
 
     def __init__(
         self, input_shape: Sequence[int], num_classes: int, num_domains: int, hparams: Mapping[str, Any]
@@ -99,6 +102,10 @@ class Algorithm(nn.Module):
         (`explicit`) is left for `check_problem` to refuse. Unchanged by default.
         """
         return dict(hparams)
+
+    def set_class_names(self, names: Sequence[str]) -> None:
+        """Receive the dataset's class names, in label order (a run calls it before training when the
+        dataset has them); ignored by default."""
 
     def update(self, minibatches: Minibatches) -> dict[str, float]:
         """One training step; returns named scalar losses (at least 'loss')."""

@@ -39,6 +39,8 @@ class MultiDomainDataset:
     ENVIRONMENTS: ClassVar[Sequence[str]] = ()
     INPUT_SHAPE: ClassVar[tuple[int, ...]] = ()
     NUM_CLASSES: ClassVar[int] = 0
+    # the classes' names in label order, for prompts (folder datasets read theirs from the class folders)
+    CLASS_NAMES: ClassVar[tuple[str, ...]] = ()
     N_STEPS: ClassVar[int] = 5001
     CHECKPOINT_FREQ: ClassVar[int] = 100
     HPARAMS: ClassVar[dict[str, HParam]] = {}
@@ -75,6 +77,13 @@ class MultiDomainDataset:
     @property
     def num_classes(self) -> int:
         return self.NUM_CLASSES
+
+    @property
+    def class_names(self) -> list[str] | None:
+        """The classes' names in label order: the class folders of a folder dataset, else CLASS_NAMES; None when
+        the dataset has none."""
+        names = getattr(self, "classes", None) or self.CLASS_NAMES
+        return list(names) if names else None
 
     def __len__(self) -> int:
         return len(self.environments)

@@ -42,7 +42,8 @@ RESNET_HPARAMS: dict[str, HParam] = {
     "resnet_dropout": HParam(0.0, choice([0.0, 0.1, 0.5]), "dropout on the features of a convolutional backbone"),
     "vit_dropout": HParam(0.0, choice([0.0, 0.1, 0.5]), "dropout on the features of a ViT backbone (DomainBed's name)"),
     "featurizer": HParam("auto", help="auto (the backbone's), ResNet, timm, MNIST_CNN or MLP"),
-    "backbone": HParam("resnet50", help="resnet18 or resnet50 (torchvision), resnet50_augmix, dinov2, or timm:NAME"),
+    "backbone": HParam("resnet50", help="resnet18 or resnet50 (torchvision), resnet50_augmix, dinov2, timm:NAME, "
+                                        "or clip:MODEL[:TAG] (open_clip)"),
     "resnet18": HParam(False, help="DomainBed's flag: true = backbone resnet18"),
     "resnet50_augmix": HParam(False, help="DomainBed HEAD's flag: true = timm's AugMix ResNet-50 (resnet50.ram_in1k)"),
     "vit": HParam(False, help="DomainBed HEAD's flag: with dinov2, the DINOv2 ViT-B/14 backbone"),

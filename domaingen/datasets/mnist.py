@@ -34,6 +34,10 @@ MNIST_FILES = (
     "t10k-labels-idx1-ubyte",
 )
 
+# class names for prompts (zero-shot classifiers), in label order
+DIGIT_NAMES = tuple(str(d) for d in range(10))
+BINARY_DIGIT_NAMES = ("digit from 5 to 9", "digit from 0 to 4")  # label 1 = digit < 5
+
 MNIST_HPARAMS: dict[str, HParam] = {
     "lr": HParam(1e-3, log_uniform(-4.5, -2.5), "Adam learning rate"),
     "batch_size": HParam(64, int_pow2_uniform(3, 9), "examples per training environment per step"),
@@ -200,6 +204,7 @@ class ColoredMNIST(MNISTDomains):
     LABEL_NOISE: ClassVar[float] = 0.25
     INPUT_SHAPE = (2, 28, 28)
     NUM_CLASSES = 2
+    CLASS_NAMES = BINARY_DIGIT_NAMES
 
     def make_environment(self, images, labels, env_index, generator):
         return colored_digits(images, labels, self.COLOR_FLIP[env_index], self.LABEL_NOISE, generator)
@@ -250,6 +255,7 @@ class IRMColoredMNIST(MultiDomainDataset):
     LABEL_NOISE: ClassVar[float] = 0.25
     INPUT_SHAPE = (2, 14, 14)
     NUM_CLASSES = 2
+    CLASS_NAMES = BINARY_DIGIT_NAMES
     N_STEPS = 501
     CHECKPOINT_FREQ = 100
     DATA_SEED: ClassVar[int] = 0
@@ -285,6 +291,7 @@ class RotatedMNIST(MNISTDomains):
     ANGLES = (0, 15, 30, 45, 60, 75)
     INPUT_SHAPE = (1, 28, 28)
     NUM_CLASSES = 10
+    CLASS_NAMES = DIGIT_NAMES
 
     def make_environment(self, images, labels, env_index, generator):
         # imported here: torchvision's import (about a second) is a large share of a short ColoredMNIST job

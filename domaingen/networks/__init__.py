@@ -3,7 +3,8 @@
 The image backbone is the `backbone` hyperparameter (see `backbone_of`): `resnet18` and
 `resnet50` (torchvision, ImageNet V1 weights: the 2021 protocol, the default),
 `resnet50_augmix` (timm's AugMix ResNet-50, DomainBed HEAD's default), `dinov2` (DomainBed's
-DINOv2 ViT-B/14 features), or `timm:NAME` for any timm model (`networks/timm_models.py`).
+DINOv2 ViT-B/14 features), `timm:NAME` for any timm model (`networks/timm_models.py`), or
+`clip:MODEL[:TAG]` for the image tower of an open_clip model (`networks/clip_models.py`).
 DomainBed HEAD's boolean names (`resnet18`, `resnet50_augmix`, `vit` with `dinov2`,
 `vit_attn_tune`) choose the same backbones, so its `--hparams` work unchanged.
 
@@ -24,7 +25,7 @@ from torch import nn
 
 from domaingen.devices import CONVOLUTIONS, has_convolutions, place_model, resolve_device, to_device  # noqa: F401
 from domaingen.errors import DomaingenError
-from domaingen.networks import timm_models
+from domaingen.networks import clip_models, timm_models
 from domaingen.registry import Registry
 
 log = logging.getLogger(__name__)
@@ -183,6 +184,9 @@ def check_backbone(hparams: Mapping[str, Any], input_shape: Sequence[int] | None
     if "activation" in hparams:
         check_activation(hparams["activation"])
     backbone = backbone_of(hparams)
+    if clip_models.is_clip(backbone):
+        clip_models.check_weights(backbone, as_bool(hparams.get("pretrained", True), "pretrained"))
+        return
     if backbone is None or backbone in RESNETS:
         if backbone is not None and as_bool(hparams.get("vit_attn_tune", False), "vit_attn_tune"):
             raise DomaingenError(f"vit_attn_tune trains a ViT's attention only, but the backbone is {backbone}; "
@@ -202,7 +206,7 @@ def timm_name(backbone: str) -> str:
     if backbone in TIMM_NAMED:
         return TIMM_NAMED[backbone]
     raise DomaingenError(f"unknown backbone '{backbone}'; valid backbones: {', '.join(BACKBONES)}, "
-                         "or timm:NAME for any timm model")
+                         "timm:NAME for any timm model, or clip:MODEL[:TAG] for an open_clip model")
 
 
 def describe_backbone(hparams: Mapping[str, Any]) -> str | None:
@@ -377,6 +381,15 @@ def _resnet(input_shape: Sequence[int], hparams: Mapping[str, Any]) -> nn.Module
     )
 
 
+@FEATURIZERS.register("clip")
+def _clip(input_shape: Sequence[int], hparams: Mapping[str, Any]) -> nn.Module:
+    backbone = backbone_of(hparams)
+    if not clip_models.is_clip(backbone):
+        raise DomaingenError(f"featurizer 'clip' needs a backbone clip:MODEL[:TAG] (e.g. clip:ViT-B-32), got {backbone!r}")
+    return clip_models.CLIPFeaturizer(input_shape, backbone,
+                                      pretrained=as_bool(hparams.get("pretrained", True), "pretrained"))
+
+
 @FEATURIZERS.register("timm")
 def _timm(input_shape: Sequence[int], hparams: Mapping[str, Any]) -> nn.Module:
     _needs_images("a timm backbone", input_shape)
@@ -405,7 +418,7 @@ def build_featurizer(input_shape: Sequence[int], hparams: Mapping[str, Any]) -> 
     if name == "auto":
         backbone = backbone_of(hparams)
         if backbone is not None:
-            name = "ResNet" if backbone in RESNETS else "timm"
+            name = "ResNet" if backbone in RESNETS else "clip" if clip_models.is_clip(backbone) else "timm"
         else:
             name = "MLP" if len(input_shape) == 1 else "MNIST_CNN"
     if name not in FEATURIZERS:

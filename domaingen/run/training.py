@@ -476,6 +476,7 @@ def train(config: TrainConfig, dataset_cache: DatasetCache | None = None) -> Run
         dataset = run.dataset_cls(settings.data_dir, run.test_envs, run.hparams)
     if settings.in_domain_test:
         _check_in_domain_test_classes(run, dataset, dataset_cache)
+    check_class_names(run, dataset)
     rundir.create(run.args)
     handler = logging.FileHandler(rundir.file(LOG))
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
@@ -510,6 +511,15 @@ def train(config: TrainConfig, dataset_cache: DatasetCache | None = None) -> Run
         package_log.removeHandler(handler)
         package_log.setLevel(saved_level)
         handler.close()
+
+
+def check_class_names(run: ResolvedRun, dataset: MultiDomainDataset) -> None:
+    """Refuse, before anything is written, an algorithm that needs class names on a dataset without them."""
+    reason = run.algorithm_cls.NEEDS_CLASS_NAMES
+    if reason and dataset.class_names is None:
+        raise DomaingenError(f"{run.settings.algorithm} needs the dataset's class names ({reason}), but "
+                             f"{run.settings.dataset} has none; choose a dataset with class names (class folders, "
+                             "or CLASS_NAMES)")
 
 
 def probe_config(run: ResolvedRun) -> TrainConfig:
@@ -575,6 +585,8 @@ def _train_loop(
     splits = _run_splits(run, dataset, dataset_cache)
     train_splits = [s_in for i, (s_in, _) in enumerate(splits) if i not in run.test_envs]
     algorithm = run.algorithm_cls(dataset.input_shape, dataset.num_classes, len(train_splits), hparams)
+    if dataset.class_names is not None:
+        algorithm.set_class_names(dataset.class_names)
     if settings.shared_init:
         load_initialisation(algorithm, initial, run)
     if settings.linear_probe:

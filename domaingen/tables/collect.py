@@ -34,7 +34,7 @@ UNKNOWN_SOURCE = "unknown"
 COMBINED_DIR = "combined"  # a sweep's combined runs (DiWA, soups, ENS: inspect.combine), read as runs
 # Test-time modes an algorithm reports beside its default (Algorithm.EVAL_MODES, fields
 # env{i}_{in,out}_acc_{mode}) become table rows named '{algorithm}-{label}'.
-MODE_LABELS = {"kd": "KD", "mask_ens": "MaskEns"}
+MODE_LABELS = {"kd": "KD", "mask_ens": "MaskEns", "zero_shot": "ZeroShot"}
 MODE_FIELD = re.compile(r"^env(\d+)_(in|out|idtest)_acc_(\w+)$")
 
 
