@@ -362,3 +362,21 @@ def test_collect_shows_adapted_rows_selected_by_each_rule(sweep, capsys):
     code, out, _ = run_cli(capsys, "collect", "--input_dir", str(sweep))
     assert "rows X+ADAPTER: X's selected weights adapted at test time" in out and "| ERM+SHOTIM " in out
     assert "2 done runs, " in out  # adapted results are not runs
+
+
+def test_two_worker_processes_store_what_one_process_stores(tmp_path):
+    """adapt_sweep(workers=2) adapts runs in spawned processes; the stored results equal the in-process ones."""
+    import shutil
+
+    from domaingen.adapt import adapt_sweep
+
+    one, two = tmp_path / "one", tmp_path / "two"
+    for seed in (0, 1):
+        train_run(one / f"erm{seed}", hparams_seed=seed)
+    shutil.copytree(one, two)
+    assert adapt_sweep(one, ["T3A", "TentClf"]) == adapt_sweep(two, ["T3A", "TentClf"], workers=2, threads=1)
+    for run in ("erm0", "erm1"):
+        for name in ("T3A", "TentClf"):
+            assert adapted_file(two / run, name).read_text() == adapted_file(one / run, name).read_text()
+    with pytest.raises(DomaingenError, match="^--workers must be at least 1, got 0$"):
+        adapt_sweep(one, ["T3A"], workers=0)

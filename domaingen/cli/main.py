@@ -116,6 +116,9 @@ def _add_adapt_parser(sub: argparse._SubParsersAction) -> None:
                         "that a run cannot use is an error")
     p.add_argument("--data_dir", default=None, help="default: the directory each run was trained from")
     p.add_argument("--device", default="auto", help="auto (CUDA when present), cpu, cuda, cuda:N")
+    p.add_argument("--workers", type=int, default=1, help="runs adapted at once, each in its own process (default 1)")
+    p.add_argument("--threads", type=int, default=None,
+                   help="threads per worker process (default: the CPUs shared out among --workers)")
 
 
 def _add_sweep_parser(sub: argparse._SubParsersAction) -> None:
@@ -332,10 +335,12 @@ def cmd_check_results(ns: argparse.Namespace) -> int:
 def cmd_adapt(ns: argparse.Namespace) -> int:
     from domaingen.adapt import adapt_sweep
 
-    counts = adapt_sweep(ns.input_dir, ns.adapters, data_dir=ns.data_dir, device=ns.device)
+    counts = adapt_sweep(ns.input_dir, ns.adapters, data_dir=ns.data_dir, device=ns.device, workers=ns.workers,
+                         threads=ns.threads)
     rows = [[adapter, what, n] for (adapter, what), n in sorted(counts.items())]
     print(tabulate(rows, headers=["adapter", "outcome", "runs"]))
-    print("Runs are adapted one after another in this process; rerunning skips what is stored.")
+    how = "one after another in this process" if ns.workers == 1 else f"{ns.workers} at a time in child processes"
+    print(f"Runs were adapted {how}; rerunning skips what is stored.")
     return 0
 
 
