@@ -108,7 +108,8 @@ def test_first_difference_names_extra_and_missing_lines():
 
 def test_bundles_named_reads_the_zip_arguments_of_a_shell_command():
     assert bundles_named("domaingen collect --input_dir results/records/a.zip --other 'results/records/b c.zip'"
-                         " && echo x.zip") == ["results/records/a.zip", "results/records/b c.zip", "x.zip"]
+                         " && echo x.zip 'A, b=y.zip'") == ["results/records/a.zip", "results/records/b c.zip", "x.zip",
+                                                             "y.zip"]
 
 
 def one_problem(capsys, root: Path) -> str:

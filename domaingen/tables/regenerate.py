@@ -78,12 +78,13 @@ def generated_files(root: Path) -> list[str]:
 
 
 def bundles_named(command: str) -> list[str]:
-    """The records bundles (.zip arguments) a command reads."""
+    """The records bundles (.zip arguments, or the PATH of LABEL=PATH) a command reads."""
     try:
         words = shlex.split(command, comments=True)
     except ValueError:
         words = command.split()
-    return [w for w in words if w.endswith(".zip")]
+    # a labelled source, LABEL=PATH (collect --input_dir), names PATH
+    return [w.split("=", 1)[1] if "=" in w else w for w in words if w.endswith(".zip")]
 
 
 def check_bundle(root: Path, bundle: str, path: str) -> str | None:
