@@ -166,3 +166,11 @@ def test_a_failing_command_and_a_malformed_line(repo, tmp_path, capsys):
     code, _, err = run(capsys, "check-results", "--root", str(root))
     assert code == 2 and err.strip() == ("domaingen: error: results/regenerate.tsv line 1: expected "
                                          "PATH<TAB>COMMAND, got 'results/erm.md domaingen collect'")
+
+
+def test_write_rewrites_a_file_that_differs_from_its_command(repo, tmp_path, capsys):
+    root = checked_copy(repo, tmp_path, capsys)
+    good = (root / "results/erm.md").read_text()
+    (root / "results/erm.md").write_text("stale\n")
+    code, _, _ = run(capsys, "check-results", "--root", str(root), "--write")
+    assert code == 0 and (root / "results/erm.md").read_text() == good

@@ -223,6 +223,8 @@ def _add_check_results_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--root", default=".", help="the repository root (default: the current directory)")
     p.add_argument("--only", nargs="+", default=[], metavar="PATH", help="check only these files")
     p.add_argument("--jobs", type=int, default=1, help="commands run at once (default 1)")
+    p.add_argument("--write", action="store_true",
+                   help="rewrite each file that differs with what its command prints (after a change of format)")
 
 
 def _add_collect_parser(sub: argparse._SubParsersAction) -> None:
@@ -327,7 +329,7 @@ def cmd_check_results(ns: argparse.Namespace) -> int:
 
     root = Path(ns.root)
     checked = len(ns.only) if ns.only else len(read_entries(root))
-    problems = check_results(root, ns.only, ns.jobs)
+    problems = check_results(root, ns.only, ns.jobs, write=ns.write)
     print(summary(problems, checked))
     return 1 if problems else 0
 

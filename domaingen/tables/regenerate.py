@@ -126,8 +126,9 @@ def _environment() -> dict[str, str]:
     return env
 
 
-def check_entry(root: Path, entry: Entry) -> str | None:
-    """None when the file regenerates; else one line naming the file and what is wrong."""
+def check_entry(root: Path, entry: Entry, write: bool = False) -> str | None:
+    """None when the file regenerates; else one line naming the file and what is wrong. With `write`,
+    a file that differs is rewritten with what its command printed (and None returned)."""
     file = root / entry.path
     if not file.is_file():
         return f"{TSV} line {entry.line}: {entry.path} does not exist"
@@ -144,13 +145,17 @@ def check_entry(root: Path, entry: Entry) -> str | None:
         return f"{entry.path}: the command failed (exit {done.returncode}): {last}"
     expected = file.read_text()
     if done.stdout != expected:
+        if write:
+            file.write_text(done.stdout)
+            return None
         return f"{entry.path}: {first_difference(expected, done.stdout)}"
     return None
 
 
 def check_results(root: Path, only: Sequence[str] = (), jobs: int = 1,
-                  report: Callable[[str], None] = print) -> list[str]:
-    """Check every line of results/regenerate.tsv (or those of `only`); returns the problems, one line each."""
+                  report: Callable[[str], None] = print, write: bool = False) -> list[str]:
+    """Check every line of results/regenerate.tsv (or those of `only`); returns the problems, one line each.
+    With `write`, files that differ from their command's output are rewritten instead."""
     entries = read_entries(root)
     listed = {e.path for e in entries}
     problems = [f"{path}: no line in {TSV}" for path in generated_files(root) if path not in listed]
@@ -162,7 +167,7 @@ def check_results(root: Path, only: Sequence[str] = (), jobs: int = 1,
         problems = [p for p in problems if p.split(":", 1)[0] in only]
 
     def one(entry: Entry) -> tuple[Entry, str | None]:
-        return entry, check_entry(root, entry)
+        return entry, check_entry(root, entry, write)
 
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
         for entry, problem in pool.map(one, entries):
