@@ -165,9 +165,9 @@ paper's, read at the last step, and DomainBed's, read by selection) is collected
 by part from one directory. A name with no run there is refused in one line that lists
 the datasets the directory holds. Parts that share a dataset (`sweeps/modreg_table1.toml`
 has RotatedMNIST with an MLP in part 2 and with MNIST_CNN in part 4) go into directories
-of their own with `sweep launch --parts N`. `make modreg_table1 CPU_DIR=... RMLP_DIR=...`
-assembles ModReg's Table 1 (`results/modreg_table1.*`) from such collections: one heading
-per part, in Markdown, one LaTeX document and one CSV with a `part` column.
+of their own with `sweep launch --parts N`, and stand side by side in one table with
+`collect --input_dir A=DIR1 B=DIR2` (rows `ALGORITHM (A)`, `ALGORITHM (B)`); `--split_by
+HPARAM` makes each value of a grid's hyperparameters a row of its own.
 
 Checked against DomainBed itself: `python -m domainbed.scripts.collect_results`
 (facebookresearch/DomainBed at b93c22a) and `domaingen collect --format csv`
