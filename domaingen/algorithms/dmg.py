@@ -314,7 +314,10 @@ class DMG(FeaturizerClassifier):
     # --- records and checkpoints ---
 
     def diagnostics(self) -> dict[str, Any]:
-        """Per masked layer k: dmg_layer{k}_{iou,active,shared,specific,unused}; dmg_iou, the mean over layers."""
+        """Per masked layer k: dmg_layer{k}_{iou,active,shared,specific,unused}; dmg_iou, the mean over layers.
+
+        These IoUs are discrete: of the thresholded masks (a neuron is active where its keep probability
+        exceeds 0.5), not the soft IoU of the probabilities that the overlap penalty uses."""
         stats = self.masks.statistics()
         out: dict[str, Any] = {f"dmg_layer{k}_{key}": value for k, layer in enumerate(stats) for key, value in layer.items()}
         out["dmg_iou"] = sum(layer["iou"] for layer in stats) / len(stats)
