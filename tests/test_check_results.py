@@ -174,3 +174,8 @@ def test_write_rewrites_a_file_that_differs_from_its_command(repo, tmp_path, cap
     (root / "results/erm.md").write_text("stale\n")
     code, _, _ = run(capsys, "check-results", "--root", str(root), "--write")
     assert code == 0 and (root / "results/erm.md").read_text() == good
+
+
+def test_a_bundle_of_all_runs_tabulates_any_selection_method(repo, capsys):
+    code, text, _ = run(capsys, "collect", "--input_dir", str(repo / "results/records/erm.zip"), "--selection", "last")
+    assert code == 0 and "no selection: final checkpoint" in text

@@ -269,14 +269,17 @@ def load_recorded_plugins(sweep_dir: str) -> None:
 
 
 def _methods(collection, asked: Sequence[str] | None, bundle: dict | None) -> list[str]:
-    """The selection methods asked for, else collect's default; a bundle holds the runs of its own methods only."""
-    if bundle is not None:
+    """The selection methods asked for, else collect's default; a bundle holds the runs of its own methods only,
+    unless exported with --all_runs (every run's records: any method's tables)."""
+    if bundle is not None and not bundle.get("all_runs"):
         held = bundle.get("selection", [])
         missing = [m for m in asked or () if m not in held]
         if missing:
             raise DomaingenError(f"this bundle holds the runs selected by {', '.join(held)}, not {', '.join(missing)}; "
                                  f"export the sweep again with --selection {' '.join(asked)}")
         return list(asked or held)
+    if bundle is not None and not asked:
+        return list(bundle.get("selection", []))
     if asked:
         return list(asked)
     from domaingen.tables.selection import default_selection_methods
