@@ -207,3 +207,14 @@ def test_report_draws_the_mean_matrix_over_trials(dmg_sweep, tmp_path, capsys):
     assert "mean over trials [0, 1] of the runs training-domain validation selects" in figure.caption
     assert "left out: dmg2 (trial 2: no matrix)" in figure.caption
     assert "mean over trials (training-domain validation)" in report.page.read_text()
+
+
+def test_collect_reads_the_matrices_from_a_records_bundle_as_from_the_sweep(dmg_sweep, tmp_path, capsys):
+    bundle = tmp_path / "records.zip"
+    assert main(["-q", "export", "--input_dir", str(dmg_sweep), "--output", str(bundle), "--no_weights",
+                 "--all_runs"]) == 0
+    capsys.readouterr()
+    assert main(["-q", "collect", "masks-x-domains", "--input_dir", str(dmg_sweep), "--format", "csv"]) == 0
+    from_sweep = capsys.readouterr().out
+    assert main(["-q", "collect", "masks-x-domains", "--input_dir", str(bundle), "--format", "csv"]) == 0
+    assert capsys.readouterr().out == from_sweep

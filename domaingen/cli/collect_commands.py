@@ -286,9 +286,15 @@ def _masks_x_domains(ns: argparse.Namespace) -> int:
     from domaingen.cli.sweep_commands import _collection, _write
     from domaingen.inspect.masks_over_trials import masks_matrix_tables, matrix_text
 
+    from domaingen.tables.export import RUNS, is_bundle, open_bundle
+
     _check_hparams_choice(ns)
     collection = _collection(ns.input_dir, ns)
-    tables = masks_matrix_tables(collection, ns.input_dir, ns.hparams_choice)
+    if is_bundle(ns.input_dir):  # the runs' diagnostics.json files, from the bundle's folder
+        with open_bundle(ns.input_dir) as bundle:
+            tables = masks_matrix_tables(collection, bundle.root / RUNS, ns.hparams_choice)
+    else:
+        tables = masks_matrix_tables(collection, ns.input_dir, ns.hparams_choice)
     return _write(matrix_text(tables, ns.format, ns.error), ns.output)
 
 

@@ -73,9 +73,6 @@ def masks_matrix_tables(collection: Collection, input_dir: str | Path,
     Raises DomaingenError when no selected run has a matrix, or when the matrices of one
     cell disagree in their rows or columns (runs of different set-ups).
     """
-    if collection.bundle is not None:
-        raise DomaingenError("collect masks-x-domains reads each run's diagnostics.json, which a bundle does not hold: "
-                             "give the sweep directory")
     root = Path(input_dir)
     single_run = (root / RESULTS).exists()  # collect reads a run directory as itself
     selected = select(collection.records, "training", hparams_choice)
