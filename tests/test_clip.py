@@ -180,3 +180,12 @@ def test_a_clip_backbone_serves_any_algorithm_as_its_featurizer():
     featurizer = build_featurizer(SHAPE, {"backbone": "clip:domaingen-tiny", "pretrained": False})
     assert isinstance(featurizer, clip_models.CLIPFeaturizer) and featurizer.n_outputs == 16
     assert featurizer(torch.randn(2, *SHAPE)).shape == (2, 16)
+
+
+def test_clip_with_modreg_is_refused_in_one_line():
+    from domaingen.algorithms.clip import CLIP
+    from domaingen.algorithms.modreg import with_modreg
+
+    with pytest.raises(DomaingenError, match="^ModReg cannot be composed with CLIP: a linear probe trains the "
+                                             "classifier alone over a frozen tower"):
+        with_modreg(CLIP)

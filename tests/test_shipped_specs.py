@@ -25,4 +25,7 @@ def test_dmg_rmnist_parts_hold_its_networks_and_in_domain_test():
         by_network.setdefault(job.args["hparams"]["featurizer"], set()).add(job.args["steps"])
         assert job.args["in_domain_test"] == 0.1 and job.args["test_envs"] == [0]
     assert by_network == {"MNIST_CNN": {2001}, "MLP": {3001}}
-    assert len(jobs) == 2 * 3 * 3  # two parts x three algorithms x three trials
+    # parts 1-2: three algorithms x three trials each; part 3: DMG alone with the paper's preset
+    paper = [job for job in jobs if job.args["hparams"].get("dmg_preset") == "paper"]
+    assert {job.args["algorithm"] for job in paper} == {"DMG"} and len(paper) == 3
+    assert len(jobs) == 2 * 3 * 3 + 3
