@@ -228,6 +228,17 @@ def _draws(ns: argparse.Namespace) -> int:
     return _write(text, ns.output)
 
 
+def _selected_tables(ns: argparse.Namespace):
+    """What the views over selected runs share: the collection, its selection methods and their tables."""
+    from domaingen.cli.sweep_commands import _collection, _methods
+    from domaingen.tables.reporting import build_tables
+
+    _check_hparams_choice(ns)
+    collection = _collection(ns.input_dir, ns)
+    methods = _methods(collection, ns.selection, collection.bundle)
+    return collection, methods, build_tables(collection, methods, ns.hparams_choice)
+
+
 def _correlations_arguments(p: argparse.ArgumentParser) -> None:
     _add_input(p, PLAIN_FORMATS)
     _add_selection(p)
@@ -239,15 +250,11 @@ def _correlations_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _correlations(ns: argparse.Namespace) -> int:
-    from domaingen.cli.sweep_commands import _collection, _methods, _write
+    from domaingen.cli.sweep_commands import _write
     from domaingen.tables.correlations import correlation_tables, title
-    from domaingen.tables.reporting import build_tables
     from domaingen.tables.views import matching_fields, render
 
-    _check_hparams_choice(ns)
-    collection = _collection(ns.input_dir, ns)
-    methods = _methods(collection, ns.selection, collection.bundle)
-    tables = build_tables(collection, methods, ns.hparams_choice)
+    collection, methods, tables = _selected_tables(ns)
     result = correlation_tables(tables, collection.records, ns.fields, ns.against, ns.without)
     text = render(result, title(matching_fields(collection.records, ns.against), ns.without), ns.format,
                   key_names=("dataset", "selection"))
@@ -318,14 +325,10 @@ def _ranks_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _ranks(ns: argparse.Namespace) -> int:
-    from domaingen.cli.sweep_commands import _collection, _methods, _write
+    from domaingen.cli.sweep_commands import _write
     from domaingen.tables.across_datasets import ranks, render
-    from domaingen.tables.reporting import build_tables
 
-    _check_hparams_choice(ns)
-    collection = _collection(ns.input_dir, ns)
-    methods = _methods(collection, ns.selection, collection.bundle)
-    tables = build_tables(collection, methods, ns.hparams_choice)
+    collection, methods, tables = _selected_tables(ns)
     return _write(render(ranks(tables, methods, ns.alpha), ns.format), ns.output)
 
 
@@ -339,14 +342,10 @@ def _intervals_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _intervals(ns: argparse.Namespace) -> int:
-    from domaingen.cli.sweep_commands import _collection, _methods, _write
+    from domaingen.cli.sweep_commands import _write
     from domaingen.tables.across_datasets import intervals, render
-    from domaingen.tables.reporting import build_tables
 
-    _check_hparams_choice(ns)
-    collection = _collection(ns.input_dir, ns)
-    methods = _methods(collection, ns.selection, collection.bundle)
-    tables = build_tables(collection, methods, ns.hparams_choice)
+    collection, methods, tables = _selected_tables(ns)
     summaries = intervals(tables, methods, ns.reps, ns.confidence, ns.seed)
     return _write(render(summaries, ns.format), ns.output)
 
