@@ -185,3 +185,21 @@ def test_with_view_names_the_tables_when_no_view_is_named():
     assert with_view(["collect", "--help"]) == ["collect", "--help"]
     assert with_view(["train", "--output_dir", "collect"]) == ["train", "--output_dir", "collect"]
     assert with_view(["-q"]) == ["-q"]
+
+
+def test_training_accuracy_and_collapse_are_derived_from_each_record(tmp_path):
+    """train_acc is the mean in-split accuracy over the run's training environments (a loop by
+    hand here), train_collapsed flags it within 5 points of chance (1/2 on ColoredMNIST)."""
+    from domaingen.tables.collect import COLLAPSE_MARGIN, training_accuracy
+
+    record = {"env0_in_acc": 0.52, "env1_in_acc": 0.54, "env2_in_acc": 0.9, "env0_out_acc": 0.1}
+    expected = 0.0
+    for env in (0, 1):
+        expected += record[f"env{env}_in_acc"] / 2
+    derived = training_accuracy(record, (2,), "ColoredMNIST")
+    assert derived["train_acc"] == pytest.approx(expected)
+    assert derived["train_collapsed"] == float(expected <= 0.5 + COLLAPSE_MARGIN) == 1.0
+    fit = training_accuracy({"env0_in_acc": 0.2, "env1_in_acc": 0.98}, (0,), "RotatedMNIST")
+    assert fit == {"train_acc": 0.98, "train_collapsed": 0.0}
+    assert "train_collapsed" not in training_accuracy(record, (2,), "NoSuchDataset")
+    assert training_accuracy({"env0_out_acc": 0.5}, (1,), "ColoredMNIST") == {}

@@ -36,6 +36,13 @@ COMBINED_DIR = "combined"  # a sweep's combined runs (DiWA, soups, ENS: inspect.
 # env{i}_{in,out}_acc_{mode}) become table rows named '{algorithm}-{label}'.
 MODE_LABELS = {"kd": "KD", "mask_ens": "MaskEns", "zero_shot": "ZeroShot"}
 MODE_FIELD = re.compile(r"^env(\d+)_(in|out|idtest)_acc_(\w+)$")
+IN_ACC_FIELD = re.compile(r"^env(\d+)_in_acc$")
+# Derived record fields: a run's mean in-split accuracy over its training environments, and
+# whether that is within COLLAPSE_MARGIN of chance (1 / the dataset's classes): a run that
+# does not fit its own training data has collapsed, whatever its held-out score reads.
+TRAIN_ACC = "train_acc"
+COLLAPSED = "train_collapsed"
+COLLAPSE_MARGIN = 0.05
 
 
 @dataclass
@@ -100,7 +107,28 @@ def _flatten(record: dict, run: str) -> dict | None:
     row["backbone"] = describe_backbone(hparams) if isinstance(hparams, dict) and _has_backbone(row["dataset"]) else None
     row["protocol"] = run_protocol(args)
     row["in_domain_test"] = args.get("in_domain_test")  # the in-domain table's caption names its split
+    row.update(training_accuracy(row, row["test_envs"], row["dataset"]))
     return row
+
+
+def training_accuracy(record: dict, test_envs: Sequence[int], dataset: object) -> dict[str, float]:
+    """{TRAIN_ACC: mean env{i}_in_acc over the environments not in `test_envs`, COLLAPSED: 1.0 when
+    that is at most chance + COLLAPSE_MARGIN, else 0.0}; COLLAPSED only when the dataset's class
+    count is known, nothing when the record has no training environment's in-split accuracy."""
+    held_out = set(test_envs)
+    values = [float(v) for k, v in record.items()
+              if (m := IN_ACC_FIELD.match(k)) and int(m.group(1)) not in held_out and isinstance(v, (int, float))]
+    if not values:
+        return {}
+    mean = sum(values) / len(values)
+    out = {TRAIN_ACC: mean}
+    try:
+        classes = int(DATASETS.get(str(dataset)).NUM_CLASSES)
+    except DomaingenError:
+        classes = 0
+    if classes > 1:
+        out[COLLAPSED] = float(mean <= 1.0 / classes + COLLAPSE_MARGIN)
+    return out
 
 
 def _has_backbone(dataset: object) -> bool:
