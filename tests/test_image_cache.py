@@ -219,3 +219,13 @@ def test_the_run_setting_on_a_dataset_without_files_warns_and_trains(tmp_path, c
     with caplog.at_level(logging.WARNING, logger="domaingen"):
         assert train(config).state == "done"
     assert "image_cache: ColoredMNIST has no image files to cache" in caplog.text
+
+
+def test_a_pickled_cache_carries_no_pixels_and_maps_the_file_again(data_dir, tmp_path):
+    import pickle
+
+    dataset = PACS(str(data_dir), [3], SMALL)
+    cache = open_cache(dataset, tmp_path / "cache")
+    data = pickle.dumps(cache)  # what a spawned DataLoader worker receives
+    assert len(data) < 2000 < cache.count * 3 * 24 * 24
+    assert torch.equal(pickle.loads(data).image(7), cache.image(7))
