@@ -66,3 +66,18 @@ def test_overhead_table_steps_only_the_precisions_asked_for(monkeypatch):
     assert len(stepped) == 2 * (2 + 3)  # two models, steps plus three warm-up steps
     assert len(rows) == 1 and rows[0][0] == "IRM / ERM, MNIST_CNN"
     assert rows[0][1].startswith("fp32: ") and "bf16" not in rows[0][1] and "memory 1.00x" in rows[0][1]
+
+
+def test_the_loader_line_states_both_rates_and_their_ratio():
+    assert bench.loader_line(100.4, 351.2) == "image loader: PIL 100 images/s, cache 351 images/s = 3.50x"
+
+
+def test_the_loader_section_times_both_paths_on_a_generated_tree():
+    import re
+
+    line, rows = bench.bench_loader(per_class=1, batches=1, rounds=1)
+    match = re.fullmatch(r"image loader: PIL (\d+) images/s, cache (\d+) images/s = (\d+\.\d\d)x", line)
+    assert match
+    values = dict(rows)
+    assert values["image loader, cache over PIL"] == f"{match.group(3)}x"
+    assert any(key.startswith("image cache build (28 images") for key in values)

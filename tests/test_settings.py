@@ -62,7 +62,8 @@ def test_spec_keys_are_the_sweep_keys_and_the_run_settings_a_sweep_may_set():
     assert SPEC_KEYS == own | {s.name for s in SETTINGS if s.info.sweep}
     # the keys of a sweep.json written by release 0.2.0, and those added since (a recorded spec without
     # one reads as its default: the same spec)
-    assert SPEC_KEYS == set(json.loads((FIXTURE / "sweep" / "sweep.json").read_text())) | {"shared_init"}
+    assert SPEC_KEYS == set(json.loads((FIXTURE / "sweep" / "sweep.json").read_text())) | {"shared_init",
+                                                                                            "image_cache"}
 
 
 def test_sweep_launch_has_a_flag_for_every_spec_key_but_tables_and_plugins():
@@ -78,7 +79,8 @@ def test_args_json_holds_the_recorded_settings_under_their_names(tmp_path):
     assert set(args) == {s.name for s in SETTINGS if s.info.recorded} | {"embedded_data", "resolved_precision"}
     # release 0.2.0's names, and the settings added since (absent from an older args.json: their default)
     assert set(args) == set(json.loads((FIXTURE / "straight" / "args.json").read_text())) | {"shared_init",
-                                                                                            "linear_probe"}
+                                                                                            "linear_probe",
+                                                                                            "image_cache"}
     assert args["hparams"] == {"featurizer": "MLP", "mlp_width": 8}  # the overrides, as DomainBed records them
     assert args["steps"] == 1 and args["checkpoint_freq"] == 100 and args["eval_splits"] == "final"
 
@@ -94,7 +96,7 @@ def test_a_job_id_hashes_the_identity_settings_and_leaves_out_unless_values():
     assert build_jobs(parse_spec({**data, "protocol": "domainbed"}))[0].job_id == domainbed
     assert build_jobs(parse_spec(data))[0].job_id == domainbed  # the default where DomainBed has ERM and the data
     assert {s.name for s in SETTINGS if s.info.identity == UNLESS} == {
-        "in_domain_test", "eval_splits", "train_in_every", "protocol", "shared_init", "linear_probe"}
+        "in_domain_test", "eval_splits", "train_in_every", "protocol", "shared_init", "linear_probe", "image_cache"}
     assert {s.name for s in SETTINGS if s.info.identity == NEVER} == {
         "output_dir", "data_dir", "device", "compile_eval", "plugins", "loggers", "time_budget"}
 

@@ -1,6 +1,6 @@
 """`make bench`: the speed and memory figures the issues ask for (not timed assertions).
 
-Run with DOMAINGEN_DATA pointing at real MNIST: python -m domaingen.bench [--only training|floor|fullrun|jobs|bookkeeping|overhead|images|dmg|report|diagnose|batching|peer --peer DIR|gpujobs --jobs_per_gpu K ...]
+Run with DOMAINGEN_DATA pointing at real MNIST: python -m domaingen.bench [--only training|floor|fullrun|jobs|bookkeeping|overhead|images|loader|dmg|report|diagnose|batching|peer --peer DIR|gpujobs --jobs_per_gpu K ...]
 
 `fullrun` and `jobs` compare this tree with a baseline commit (--baseline, default main or,
 where main already has issue 17's change, the commit before it) measured in the same run
@@ -531,6 +531,48 @@ def bench_images(workers: int = 2, batches: int = 10, per_class: int = 12) -> li
     return rows
 
 
+def loader_line(pil_rate: float, cache_rate: float) -> str:
+    """The loader section's one printed line."""
+    return f"image loader: PIL {pil_rate:.0f} images/s, cache {cache_rate:.0f} images/s = {cache_rate / pil_rate:.2f}x"
+
+
+def bench_loader(per_class: int = 12, batches: int = 4, rounds: int = 3, workers: int = 0) -> tuple[str, list[list]]:
+    """Images/s of the PACS training loader (3 training domains x 32 images per step) on a generated tree of
+    224x224 JPEGs, reading the files through PIL and reading the decoded-image cache (built first, not
+    timed in the rates) through tensor transforms: (the one line, rows). The two paths alternate for
+    `rounds` rounds of `batches` steps each; each rate is from the median round."""
+    import tempfile
+    from pathlib import Path
+
+    from domaingen.datasets.images import PACS
+
+    with tempfile.TemporaryDirectory() as tmp:
+        n_files = write_pacs_shaped_tree(Path(tmp), per_class)
+        samplers, build = {}, 0.0
+        for path in ("PIL", "cache"):
+            dataset = PACS(tmp, [3], {"num_workers": workers, "image_size": 224})
+            if path == "cache":
+                start = time.perf_counter()
+                dataset.use_image_cache(Path(tmp) / "image_cache")
+                build = time.perf_counter() - start
+            splits = [s_in for s_in, _ in split_environments(dataset, 0.2, 0)[:3]]
+            samplers[path] = dataset.minibatch_sampler(splits, 32, 0, torch.device("cpu"))
+            samplers[path].next()  # starts the workers
+        per_batch = {path: [] for path in samplers}
+        for _ in range(rounds):
+            for path, sampler in samplers.items():
+                per_batch[path].append(timed(sampler.next, batches))
+        rates = {path: 96 / statistics.median(times) for path, times in per_batch.items()}
+        del samplers
+    where = "in the main process" if workers == 0 else f"{workers} workers"
+    rows = [[f"image loader, PIL path (decode + PIL transforms), {where}, {n_files} 224x224 JPEGs, 3 x 32 per step",
+             f"{rates['PIL']:.0f} images/s"],
+            [f"image loader, cache path (memory-mapped uint8 + transforms v2), {where}", f"{rates['cache']:.0f} images/s"],
+            ["image loader, cache over PIL", f"{rates['cache'] / rates['PIL']:.2f}x"],
+            [f"image cache build ({n_files} images, {workers} workers)", f"{build:.2f} s"]]
+    return loader_line(rates["PIL"], rates["cache"]), rows
+
+
 # small timm models that build offline (pretrained false): a BatchNorm CNN and a ViT
 TIMM_BENCH_MODELS = ("resnet10t", "vit_tiny_patch16_224")
 
@@ -668,7 +710,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--skip_fp32_eval", action="store_true", help="the fp32 evaluation takes minutes on 2 cores")
     parser.add_argument("--only", choices=["training", "floor", "fullrun", "jobs", "bookkeeping", "overhead", "images",
-                                           "dmg", "report", "diagnose", "peer", "batching", "gpujobs"], default=None,
+                                           "dmg", "report", "diagnose", "peer", "batching", "gpujobs", "loader"],
+                        default=None,
                         help="one section (default: all but peer and gpujobs)")
     parser.add_argument("--peer", default=None, metavar="DIR",
                         help="peer: a DomainBed checkout to time beside domaingen (see domaingen.bench.peer)")
@@ -698,6 +741,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--overhead_settings", nargs="+", choices=list(OVERHEAD_SETTINGS), default=list(OVERHEAD_SETTINGS),
                         help="overhead: the models and batch sizes to compare the steps in")
     parser.add_argument("--workers", type=int, default=2, help="images: DataLoader workers to measure")
+    parser.add_argument("--loader_workers", type=int, default=0,
+                        help="loader: DataLoader workers of both paths (0: in the main process, one core each)")
     parser.add_argument("--timm_models", nargs="+", default=list(TIMM_BENCH_MODELS),
                         help="images: timm models whose ERM step is measured (built without weights)")
     parser.add_argument("--averaging_backbone", default="resnet10t",
@@ -756,6 +801,10 @@ def main(argv: list[str] | None = None) -> int:
         rows += bench_images(ns.workers)
         rows += bench_timm_backbones(max(3, ns.steps // 4), ns.image_size, backbones=ns.timm_models)
         rows += bench_averaging(max(3, ns.steps // 4), ns.averaging_backbone, ns.image_size)
+    if ns.only in (None, "loader"):
+        line, loader_rows = bench_loader(workers=ns.loader_workers)
+        print(line)
+        rows += loader_rows
     if ns.only in (None, "dmg"):
         rows += bench_dmg(data_dir, max(1, ns.steps // 2))
     if ns.only in (None, "report"):

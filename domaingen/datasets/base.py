@@ -102,6 +102,11 @@ class MultiDomainDataset:
         full_batch = bool(self.hparams.get("full_batch", False))
         return MinibatchSampler(splits, batch_size, seed, device, full_batch)
 
+    def use_image_cache(self, cache_dir: Path) -> bool:
+        """Read images from a decoded-image cache in `cache_dir` (the `image_cache` run setting); False
+        where the dataset has none (tensors in memory; image datasets with an augmentation of their own)."""
+        return False
+
     def eval_batches(self, split: "Split", batch_size: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         """(x, y) batches of every example of `split`, in order, for evaluation."""
         for start in range(0, len(split), batch_size):

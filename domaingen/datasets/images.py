@@ -110,6 +110,9 @@ class ImageFolderDataset(FileDomains):
     def num_classes(self) -> int:
         return len(self.classes)
 
+    def image_root(self) -> Path:
+        return data_path(self.data_dir, self.DATASET_DIR)
+
     @classmethod
     def folder_names(cls, env: str) -> tuple[str, ...]:
         """The accepted folder names of environment `env`, preferred first."""

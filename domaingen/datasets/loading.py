@@ -14,25 +14,29 @@ the batches an uninterrupted one would.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable, ClassVar, Iterator, Mapping, Sequence
 
+import numpy as np
 import torch
 from PIL import Image
 from torch.utils.data import DataLoader, Dataset, Sampler
 
 from domaingen.datasets.base import MultiDomainDataset
+from domaingen.datasets.image_cache import ImageCache, open_image_cache
 from domaingen.datasets.splits import Split
+from domaingen.datasets.tensor_augment import (IMAGENET_MEAN, IMAGENET_STD, tensor_eval_transform,
+                                               tensor_train_transform)
 from domaingen.errors import DomaingenError
 from domaingen.hparams import HParam, choice, int_pow2_uniform, log_uniform, seed_hash
 from domaingen.devices import to_device
 
 log = logging.getLogger(__name__)
 
-IMAGENET_MEAN = (0.485, 0.456, 0.406)
-IMAGENET_STD = (0.229, 0.224, 0.225)
 MAX_AUTO_WORKERS = 8
 
 RESNET_HPARAMS: dict[str, HParam] = {
@@ -81,6 +85,14 @@ def load_rgb(path: str) -> Image.Image:
     """The image at `path`, decoded, as RGB."""
     with Image.open(path) as image:
         return image.convert("RGB")
+
+
+def decoded_square(path: str, size: int) -> np.ndarray:
+    """The image at `path` as the evaluation transform resizes it (Resize((size, size)) on the RGB
+    image): a (size, size, 3) uint8 array, what the decoded-image cache stores."""
+    from torchvision import transforms as T
+
+    return np.asarray(T.Resize((size, size))(load_rgb(path)), dtype=np.uint8)
 
 
 def available_cpus() -> int:
@@ -149,13 +161,17 @@ class FileExamples(Dataset):
     def __len__(self) -> int:
         return sum(len(env) for env in self.environments)
 
+    def load(self, env_index: int, position: int) -> Any:
+        """The decoded image of example `position` of environment `env_index` (OSError if unreadable)."""
+        return load_rgb(self.environments[env_index].paths[position])
+
     def __getitem__(self, key: tuple[int, int, int | None]) -> tuple[torch.Tensor, int]:
         env_index, position, aug_seed = key
         env = self.environments[env_index]
         for attempt in range(len(env)):
             p = (position + attempt) % len(env)
             try:
-                image = load_rgb(env.paths[p])
+                image = self.load(env_index, p)
             except OSError as exc:
                 log.warning("skipping unreadable image %s (%s); using the next one", env.paths[p], exc)
                 continue
@@ -163,14 +179,38 @@ class FileExamples(Dataset):
             return self._transform(image, aug_seed if augment else None), int(env.y[p])
         raise DomaingenError(f"no readable image in environment {env.name}")
 
-    def _transform(self, image: Image.Image, aug_seed: int | None) -> torch.Tensor:
+    def _transform(self, image: Any, aug_seed: int | None) -> torch.Tensor:
         if aug_seed is None:
             return self.eval_tf(image)
-        # torchvision's random transforms use torch's global generator; seed it per example
-        # without disturbing the caller's stream (workers=0 runs this in the main process)
+        # torchvision's random transforms use torch's global CPU generator; seed it per example
+        # without disturbing the caller's stream (workers=0 runs this in the main process). Only the
+        # CPU generator: torch.manual_seed also queues a CUDA seeding, with a stack trace, each call.
         with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(aug_seed)
+            torch.default_generator.manual_seed(aug_seed)
             return self.train_tf(image)
+
+
+class CachedExamples(FileExamples):
+    """FileExamples read from a decoded-image cache: uint8 tensors at the evaluation size, through
+    DomainBed's transforms on tensors (`tensor_augment`). Evaluation pixels equal the PIL path's;
+    training draws the same augmentation parameters, with the departures `tensor_augment` names."""
+
+    def __init__(self, environments: Sequence[FileEnvironment], cache: ImageCache, size: int,
+                 augmented: Sequence[int] | None = None) -> None:
+        super().__init__(environments, tensor_train_transform(size), tensor_eval_transform, augmented)
+        self.cache = cache
+        self.offsets = [0]
+        for env in self.environments[:-1]:
+            self.offsets.append(self.offsets[-1] + len(env))
+
+    def _transform(self, image: torch.Tensor, aug_seed: int | None) -> torch.Tensor:
+        return super()._transform(image, aug_seed).contiguous()  # the cache's images are channels last
+
+    def load(self, env_index: int, position: int) -> torch.Tensor:
+        index = self.offsets[env_index] + position
+        if index in self.cache.unreadable:
+            raise OSError("it could not be decoded when the image cache was built")
+        return self.cache.image(index)
 
 
 class InfiniteTrainingBatches(Sampler):
@@ -294,6 +334,7 @@ class FileDomains(MultiDomainDataset):
             raise DomaingenError(f"hyperparameter 'image_size' must be at least 8 pixels, got {self.image_size}")
         self.num_workers = resolve_workers(self.hparams.get("num_workers", "auto"))
         self._examples: FileExamples | None = None
+        self._image_cache: ImageCache | None = None
         self._eval_keys = EvaluationKeys()
         self._eval_loader: DataLoader | None = None
 
@@ -313,15 +354,40 @@ class FileDomains(MultiDomainDataset):
             return env_index not in self.test_envs
         return env_index in self.AUGMENTED_ENVIRONMENTS
 
+    def image_root(self) -> Path | None:
+        """The folder every image file lies under, which names and keys the decoded-image cache; None: this
+        dataset has no cache."""
+        return None
+
+    def use_image_cache(self, cache_dir: Path) -> bool:
+        """Read images from the decoded-image cache in `cache_dir` (see attach_image_cache); False where the
+        dataset has no image_root or augments with a transform of its own."""
+        if self.image_root() is None or type(self).training_transform is not FileDomains.training_transform:
+            return False
+        self.attach_image_cache(self.image_root(), cache_dir)
+        return True
+
+    def attach_image_cache(self, root: Path, cache_dir: Path) -> None:
+        """Read every environment's images from the decoded-image cache of `root` in `cache_dir` (built
+        or rebuilt there first when its key differs; see image_cache), through DomainBed's transforms
+        on tensors. Only for datasets whose training augmentation is DomainBed's."""
+        paths = [p for env in self.environments for p in env.paths]
+        decode = functools.partial(decoded_square, size=self.image_size)
+        self._image_cache = open_image_cache(root, paths, self.image_size, cache_dir, decode, self.num_workers)
+        self._examples = None
+
     def examples(self) -> FileExamples:
         """All environments' examples with this dataset's transforms (built once)."""
         if self._examples is None:
             augmented = self.AUGMENTED_ENVIRONMENTS  # None: every example drawn for training is augmented
-            self._examples = FileExamples(
-                self.environments, self.training_transform(), eval_transform(self.image_size), augmented
-            )
+            if self._image_cache is not None:
+                self._examples = CachedExamples(self.environments, self._image_cache, self.image_size, augmented)
+            else:
+                self._examples = FileExamples(
+                    self.environments, self.training_transform(), eval_transform(self.image_size), augmented
+                )
             for env in self.environments:
-                env.transform = self._examples.eval_tf
+                env.transform = eval_transform(self.image_size)
         return self._examples
 
     def _env_index(self, split: Split) -> int:

@@ -30,6 +30,7 @@ from domaingen.datasets import (
     split_environments,
 )
 from domaingen.datasets.cache import DatasetCache
+from domaingen.datasets.image_cache import IMAGE_CACHE_DIR_ENV, image_cache_dir
 from domaingen.datasets.splits import MAX_IN_DOMAIN_TEST
 from domaingen.errors import DomaingenError, RunDirectoryError
 from domaingen.run.eval_plan import (
@@ -184,6 +185,14 @@ class TrainConfig:
              "and training (the rest); default: off, in/out as DomainBed")
     precision: str = setting("fp32", kind=TEXT, sweep=True, choices=lambda: REQUESTED_PRECISIONS,
                              help="auto: bf16 on a GPU with native bf16 or a CPU with AMX / AVX-512 bf16, else fp32")
+    image_cache: bool | None = setting(
+        None, kind=BOOL, optional=True, sweep=True, identity=UNLESS,
+        help="image folder datasets (PACS, VLCS, OfficeHome, TerraIncognita, DomainNet, SVIRO): read the images "
+             "from a decoded uint8 cache at the training resolution, memory-mapped (built once in "
+             f"${IMAGE_CACHE_DIR_ENV}, else <data_dir>/image_cache; rebuilt when the tree or resolution changes), "
+             "and augment them as tensors (torchvision v2): evaluation pixels equal, augmentation parameters drawn "
+             "alike, crops taken from the square resized image (see domaingen.datasets.tensor_augment); default: "
+             "off, PIL decoding")
     device: str = setting("auto", kind=TEXT, identity=NEVER, help="auto (CUDA when present), cpu, cuda, cuda:N")
     compile_eval: bool | None = setting(None, kind=BOOL, optional=True, identity=NEVER,
                                         help="evaluate through torch.compile (faster; compiles once per run); "
@@ -358,6 +367,7 @@ def resolve(config: TrainConfig) -> ResolvedRun:
         checkpoint_freq=freq,
         data_dir=data_dir,
         compile_eval=compile_eval_default() if config.compile_eval is None else bool(config.compile_eval),
+        image_cache=config.image_cache or None,  # false records as the default: the same run
         eval_splits=config.eval_splits or DEFAULT_EVAL_SPLITS,
         plugins=merge_specs([portable(s) for s in split_specs(config.plugins)], loaded_plugins()),
         loggers=check_logger_names(config.loggers),
@@ -474,6 +484,9 @@ def train(config: TrainConfig, dataset_cache: DatasetCache | None = None) -> Run
                                         run.hparams)
     else:
         dataset = run.dataset_cls(settings.data_dir, run.test_envs, run.hparams)
+    if settings.image_cache and not dataset.use_image_cache(image_cache_dir(settings.data_dir)):
+        log.warning("image_cache: %s has no image files to cache, or augments in its own way; it is read as usual",
+                    settings.dataset)
     if settings.in_domain_test:
         _check_in_domain_test_classes(run, dataset, dataset_cache)
     check_class_names(run, dataset)
