@@ -1,27 +1,32 @@
-"""Adapt every done run of a sweep, skipping what is stored: one after another in this process, or
-`workers` runs at once in child processes (one thread each unless `threads` says otherwise).
+"""Adapt every done run of a sweep with a sweep launcher, one adaptation job per run, skipping
+what is stored.
 
-Runs are adapted in order of their directory names. Each adapter's results on a run
-are written whole (adapt.run), so an interrupted command loses at most the adapter
-it was in, and the next one resumes there; two commands on one sweep never corrupt a
-file, they may only repeat each other's work.
+`plan_adaptation` splits a sweep's done runs, in order of their directory names, into
+those whose results are stored for every adapter asked (skipped) and one `AdaptJob`
+for each of the others; any launcher (local, parallel, slurm, ray, dry, a plugin's)
+runs the jobs. Each adapter's results on a run are written whole (adapt.run), so an
+interrupted job loses at most the adapter it was in and the next command redoes it;
+two commands on one sweep never corrupt a file, they may only repeat each other's work.
+With every adapter asked (`adapters` None), a run on which some adapter is undefined
+(TentFull without BatchNorm) has no file for it, so such a run is visited again, and
+ends at once with nothing to adapt.
 """
 
 from __future__ import annotations
 
-import logging
-import multiprocessing
-import os
 from collections import Counter
-from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Iterable, Sequence
 
-from domaingen.adapt.run import adapt_run, adapter_names
+from domaingen.adapt.jobs import REFUSED, AdaptJob
+from domaingen.adapt.run import adapted_file, adapter_names, check_selected
 from domaingen.errors import DomaingenError
 from domaingen.run.rundir import ARGS, DONE
+from domaingen.sweep.launch import check_options, launch
+from domaingen.sweep.workers import JobResult, LaunchOptions
 
-log = logging.getLogger(__name__)
+STORED = "stored already"
 
 
 def done_runs(sweep_dir: str | Path) -> list[Path]:
@@ -34,45 +39,66 @@ def done_runs(sweep_dir: str | Path) -> list[Path]:
     return sorted(p for p in root.iterdir() if p.is_dir() and (p / DONE).exists() and (p / ARGS).exists())
 
 
-def _adapt_one(run: Path, names: Sequence[str], data_dir: str | None, device: str, skip_undefined: bool,
-               threads: int | None) -> dict[str, str]:
-    """One run's adaptation (a worker process's task)."""
-    if threads:
-        import torch
+@dataclass(frozen=True)
+class AdaptPlan:
+    """A sweep's done runs: those stored for every adapter in `names` and a job for each of the others."""
 
-        torch.set_num_threads(threads)
-    return adapt_run(run, names, data_dir=data_dir, device=device, skip_undefined=skip_undefined)
+    names: list[str]
+    stored: list[Path]
+    jobs: list[AdaptJob]
+
+
+def plan_adaptation(sweep_dir: str | Path, adapters: Sequence[str] | None = None, device: str = "auto") -> AdaptPlan:
+    """The plan for adapting `sweep_dir` with `adapters` (None: every registered one, each run skipping
+    those undefined for it). An unknown adapter, a sweep without done runs, or a run to adapt without
+    selected weights raises one line, before any job is launched."""
+    names = adapter_names(adapters)
+    runs = done_runs(sweep_dir)
+    if not runs:
+        raise DomaingenError(f"no done runs in {sweep_dir}; launch or resume the sweep first (domaingen sweep launch)")
+    stored = [run for run in runs if all(adapted_file(run, name).exists() for name in names)]
+    todo = [run for run in runs if run not in stored]
+    for run in todo:
+        check_selected(run)
+    jobs = [AdaptJob.of_run(run, None if adapters is None else names, device) for run in todo]
+    return AdaptPlan(names, stored, jobs)
+
+
+def outcome_counts(plan: AdaptPlan, results: Iterable[JobResult]) -> Counter:
+    """How many (adapter, run) pairs ended each way: 'done', 'stored already' (the skipped runs' too),
+    or 'undefined: REASON'."""
+    counts: Counter = Counter({(name, STORED): len(plan.stored) for name in plan.names if plan.stored})
+    for result in results:
+        for name, what in result.details.items():
+            counts[(name, what if what in ("done", STORED) else f"undefined: {what}")] += 1
+    return counts
+
+
+def raise_refusal(results: Iterable[JobResult]) -> None:
+    """Raise the first refused job's one-line reason (a run that cannot be adapted as asked)."""
+    for result in results:
+        if result.state == REFUSED:
+            raise DomaingenError(result.message)
 
 
 def adapt_sweep(sweep_dir: str | Path, adapters: Sequence[str] | None = None, data_dir: str | None = None,
                 device: str = "auto", workers: int = 1, threads: int | None = None) -> Counter:
     """Adapt every done run of `sweep_dir` with `adapters` (every registered one when None); returns
-    how many (adapter, run) pairs ended each way. With `adapters` None an adapter undefined for a run
-    (TentFull without BatchNorm) is skipped there; one named explicitly raises its reason.
-    `workers` > 1 adapts that many runs at once in spawned processes, each with `threads` threads
-    (default: the CPUs shared out among the workers)."""
+    how many (adapter, run) pairs ended each way (outcome_counts). With `adapters` None an adapter
+    undefined for a run (TentFull without BatchNorm) is skipped there; one named explicitly raises
+    its reason. `workers` 1 adapts in this process (the local launcher); more runs the parallel
+    launcher, `workers` spawned processes with `threads` threads each (default: the cores shared
+    out among them). A job that failed otherwise raises one line naming its run and the error."""
     if workers < 1:
         raise DomaingenError(f"--workers must be at least 1, got {workers}")
-    names = adapter_names(adapters)
-    runs = done_runs(sweep_dir)
-    if not runs:
-        raise DomaingenError(f"no done runs in {sweep_dir}; launch or resume the sweep first (domaingen sweep launch)")
-    counts: Counter = Counter()
-    skip = adapters is None
-
-    def tally(i: int, run: Path, outcome: dict[str, str]) -> None:
-        for name, what in outcome.items():
-            counts[(name, what if what in ("done", "stored already") else f"undefined: {what}")] += 1
-        log.info("adapted %d/%d runs (%s)", i + 1, len(runs), run.name)
-
-    if workers == 1:
-        for i, run in enumerate(runs):
-            tally(i, run, adapt_run(run, names, data_dir=data_dir, device=device, skip_undefined=skip))
-        return counts
-    threads = threads or max(1, (os.cpu_count() or 1) // workers)
-    context = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(max_workers=workers, mp_context=context) as pool:
-        futures = [pool.submit(_adapt_one, run, names, data_dir, device, skip, threads) for run in runs]
-        for i, (run, future) in enumerate(zip(runs, futures)):
-            tally(i, run, future.result())
-    return counts
+    plan = plan_adaptation(sweep_dir, adapters, device)
+    launcher = "local" if workers == 1 else "parallel"
+    options = LaunchOptions(workers=workers, threads=threads, progress=False)
+    check_options(launcher, options)
+    results = launch(plan.jobs, str(sweep_dir), data_dir, launcher, options) if plan.jobs else []
+    raise_refusal(results)
+    failed = [r for r in results if r.state != "done"]
+    if failed:
+        raise DomaingenError(f"{len(failed)} of {len(results)} runs ended {failed[0].state}; "
+                             f"{failed[0].job_id}: {failed[0].message}")
+    return outcome_counts(plan, results)

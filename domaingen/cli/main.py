@@ -13,6 +13,7 @@ from typing import Iterator, NoReturn, Sequence
 
 from tabulate import tabulate
 
+from domaingen.cli import adapt_commands as adapt_cli
 from domaingen.cli import collect_commands as collect_cli
 from domaingen.cli import domainbed_flags
 from domaingen.cli import inspect_commands as inspect_cli
@@ -81,17 +82,10 @@ def build_parser() -> argparse.ArgumentParser:
     _add_export_parser(sub)
     _add_check_results_parser(sub)
     _add_download_parser(sub)
-    _add_adapt_parser(sub)
+    adapt_cli.add_parser(sub)
     inspect_cli.add_parsers(sub)
     spec_cli.add_parser(sub)
     return parser
-
-
-def _launchers():
-    """domaingen.sweep.launch, imported when the parser is built: the launcher table and its names."""
-    from domaingen.sweep import launch
-
-    return launch
 
 
 def _add_download_parser(sub: argparse._SubParsersAction) -> None:
@@ -105,23 +99,8 @@ def _add_download_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--data_dir", default=None, help="default: $DOMAINGEN_DATA, else ./data")
 
 
-def _add_adapt_parser(sub: argparse._SubParsersAction) -> None:
-    from domaingen.adapt import ADAPTERS
-
-    p = sub.add_parser("adapt", help="test-time adaptation of every done run of a sweep (T3A, Tent, SHOT, ...), "
-                                     "stored beside each run; collect shows the rows X+ADAPTER")
-    p.add_argument("--input_dir", required=True, help="the sweep's output directory (or one run)")
-    p.add_argument("--adapters", nargs="+", metavar="ADAPTER", default=None,
-                   help=f"default: every adapter defined for each run ({', '.join(ADAPTERS.names())}); one named here "
-                        "that a run cannot use is an error")
-    p.add_argument("--data_dir", default=None, help="default: the directory each run was trained from")
-    p.add_argument("--device", default="auto", help="auto (CUDA when present), cpu, cuda, cuda:N")
-    p.add_argument("--workers", type=int, default=1, help="runs adapted at once, each in its own process (default 1)")
-    p.add_argument("--threads", type=int, default=None,
-                   help="threads per worker process (default: the CPUs shared out among --workers)")
-
-
 def _add_sweep_parser(sub: argparse._SubParsersAction) -> None:
+    from domaingen.cli.launch_flags import add_launch_flags
     from domaingen.run.settings import add_flag
     from domaingen.run.training import LAUNCH_SETTINGS, SETTINGS
     from domaingen.sweep.spec import FLAG_SETTINGS
@@ -144,10 +123,7 @@ def _add_sweep_parser(sub: argparse._SubParsersAction) -> None:
         for item in FLAG_SETTINGS:
             add_flag(a, item, for_sweep=True, help=f"{item.info.help} (default: the spec's)")
         if name == "launch":
-            a.add_argument("--launcher", default="parallel", choices=_launchers().launcher_names(), help=_launchers().launcher_help())
-            a.add_argument("--workers", type=int, default=2, help="parallel: processes at once")
-            a.add_argument("--threads", type=int, default=None, help="torch threads per job (default: cores / workers)")
-            a.add_argument("--dry", action="store_true", help="print the commands only")
+            add_launch_flags(a, "parallel", 2)
             a.add_argument("--order", choices=["spec", "trial"], default="spec",
                            help="spec: the spec's order (part, dataset, algorithm, ...); trial: every job of "
                                 "trial 0 first, then trial 1, ... (stop a long sweep early and every "
@@ -155,15 +131,6 @@ def _add_sweep_parser(sub: argparse._SubParsersAction) -> None:
             a.add_argument("--yes", "-y", action="store_true", help="do not ask for confirmation")
             a.add_argument("--force", action="store_true", help="launch a different spec into this output_dir")
             a.add_argument("--retry_failed", action="store_true", help="also rerun failed jobs")
-            a.add_argument("--no_progress", action="store_true")
-            a.add_argument("--slurm_partition")
-            a.add_argument("--slurm_time", type=int, default=24 * 60, help="minutes per job")
-            a.add_argument("--slurm_mem_gb", type=float, default=16)
-            a.add_argument("--slurm_gpus", type=int, default=0, help="GPUs per job")
-            a.add_argument("--slurm_cpus", type=int, default=4, help="CPUs per job")
-            a.add_argument("--slurm_array_parallelism", type=int, default=64, help="max tasks running at once")
-            a.add_argument("--slurm_cluster", default=None, help="submitit cluster (slurm, or local for testing)")
-            _add_scale_flags(a)
             for item in LAUNCH_SETTINGS:
                 add_flag(a, item, for_sweep=True, help=f"every job: {item.info.help}")
         if name == "delete-incomplete":
@@ -173,27 +140,6 @@ def _add_sweep_parser(sub: argparse._SubParsersAction) -> None:
                            help="one screen refreshed every --interval seconds: job counts, the running jobs' latest "
                                 "step and validation accuracy, and an ETA, until the sweep ends or Ctrl-C")
             a.add_argument("--interval", type=float, default=5.0, help="--watch: seconds between refreshes")
-
-
-def _add_scale_flags(a: argparse.ArgumentParser) -> None:
-    """sweep launch flags for GPUs, detached Slurm and Ray."""
-    a.add_argument("--jobs_per_gpu", type=int, default=1,
-                   help="parallel on a CUDA machine: jobs at once per visible GPU (one worker each, pinned by "
-                        "CUDA_VISIBLE_DEVICES); --workers then does not apply")
-    a.add_argument("--detach", action="store_true",
-                   help="slurm: submit, record the Slurm job ids in the sweep directory and return at once")
-    a.add_argument("--slurm_max_array", type=int, default=1000,
-                   help="slurm: jobs per job array at most (Slurm's MaxArraySize; default 1000)")
-    a.add_argument("--ray_address", default=None,
-                   help="ray: HOST:PORT of a running cluster (ray start --head prints it); default: a local instance")
-    a.add_argument("--ray_cpus", type=float, default=1, help="ray: CPUs per job (its torch threads, rounded)")
-    a.add_argument("--ray_gpus", type=float, default=0, help="ray: GPUs per job (0.25 runs 4 jobs per GPU)")
-    a.add_argument("--jobs_per_task", type=int, default=1, metavar="K",
-                   help="slurm, ray: each task runs K jobs one after another, paying the imports and the dataset "
-                        "once (give --slurm_time for K jobs); a requeued task resumes its unfinished jobs")
-    a.add_argument("--dataset_cache_mb", type=float, default=None,
-                   help="each worker keeps the datasets it built for its later jobs, up to this many MB, least "
-                        "recently used evicted first; 0 = off (default: $DOMAINGEN_DATASET_CACHE_MB, else 1024)")
 
 
 def _add_export_parser(sub: argparse._SubParsersAction) -> None:
@@ -334,18 +280,6 @@ def cmd_check_results(ns: argparse.Namespace) -> int:
     return 1 if problems else 0
 
 
-def cmd_adapt(ns: argparse.Namespace) -> int:
-    from domaingen.adapt import adapt_sweep
-
-    counts = adapt_sweep(ns.input_dir, ns.adapters, data_dir=ns.data_dir, device=ns.device, workers=ns.workers,
-                         threads=ns.threads)
-    rows = [[adapter, what, n] for (adapter, what), n in sorted(counts.items())]
-    print(tabulate(rows, headers=["adapter", "outcome", "runs"]))
-    how = "one after another in this process" if ns.workers == 1 else f"{ns.workers} at a time in child processes"
-    print(f"Runs were adapted {how}; rerunning skips what is stored.")
-    return 0
-
-
 def cmd_download(ns: argparse.Namespace) -> int:
     from domaingen.cli.paths import check_output_dir
     from domaingen.datasets import resolve_data_dir
@@ -363,7 +297,7 @@ def cmd_download(ns: argparse.Namespace) -> int:
 
 
 COMMANDS = {"train": cmd_train, "list": cmd_list, "sweep": cmd_sweep, "collect": cmd_collect, "export": cmd_export,
-            "check-results": cmd_check_results, "download": cmd_download, "adapt": cmd_adapt}
+            "check-results": cmd_check_results, "download": cmd_download, "adapt": adapt_cli.run}
 COMMANDS.update(inspect_cli.COMMANDS)
 COMMANDS["spec"] = spec_cli.run
 

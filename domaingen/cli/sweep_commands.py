@@ -15,7 +15,8 @@ from tabulate import tabulate
 from domaingen.errors import DomaingenError
 from domaingen.hparams import parse_overrides
 from domaingen.sweep.launch import LAUNCHERS, check_options, launch
-from domaingen.sweep.workers import NOT_SUBMITTED, SUBMITTED, LaunchOptions
+from domaingen.cli.launch_flags import launch_options
+from domaingen.sweep.workers import NOT_SUBMITTED, SUBMITTED
 from domaingen.plugins import PluginError, load_plugins, loaded_plugins, merge_specs, portable, recorded_plugins
 from domaingen.run.rundir import DONE_STATE, FAILED_STATE, INCOMPLETE, NOT_LAUNCHED
 from domaingen.run.runlock import is_locked
@@ -178,35 +179,9 @@ def _delete(jobs, ns) -> int:
     return 0
 
 
-def _launch_options(ns) -> LaunchOptions:
-    return LaunchOptions(
-        workers=ns.workers,
-        threads=ns.threads,
-        progress=not ns.no_progress,
-        slurm={
-            "cluster": ns.slurm_cluster,
-            "slurm_partition": ns.slurm_partition,
-            "timeout_min": ns.slurm_time,
-            "mem_gb": ns.slurm_mem_gb,
-            "gpus_per_node": ns.slurm_gpus or None,
-            "cpus_per_task": ns.slurm_cpus,
-            "slurm_array_parallelism": ns.slurm_array_parallelism,
-            "max_array": ns.slurm_max_array,
-        },
-        jobs_per_gpu=ns.jobs_per_gpu,
-        detach=ns.detach,
-        ray_address=ns.ray_address,
-        ray_cpus=ns.ray_cpus,
-        ray_gpus=ns.ray_gpus,
-        jobs_per_task=ns.jobs_per_task,
-        dataset_cache_mb=ns.dataset_cache_mb,
-        loggers=ns.loggers or [],
-    )
-
-
 def _launch(spec, jobs, ns) -> int:
     launcher = "dry" if ns.dry else ns.launcher
-    options = _launch_options(ns)
+    options = launch_options(ns)
     check_options(launcher, options)
     entry = LAUNCHERS.get(launcher)
     runs_jobs = entry.runs_jobs

@@ -64,7 +64,9 @@ machine one job per GPU, see below), `slurm`
 (submitit job arrays: `--slurm_partition --slurm_time --slurm_mem_gb
 --slurm_gpus --slurm_cpus --slurm_array_parallelism`; preempted or timed-out
 jobs are requeued and resume from their checkpoint), `ray`, and `dry` / `--dry`
-(prints the `domaingen train` commands). Launch asks for confirmation only on a
+(prints the `domaingen train` commands). The launchers run any job that has a `payload` and
+a `command` (workers.py): `domaingen adapt --launcher ...` runs one adaptation job per run
+(`domaingen.adapt.jobs`) on them, with the same flags. Launch asks for confirmation only on a
 terminal (`--yes` skips it).
 
 **Jobs that set up once.** A launcher's worker process (the `local` launcher's own

@@ -3,6 +3,7 @@ when there are GPUs, and how an interrupt stops them all."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import multiprocessing
 import os
@@ -203,7 +204,7 @@ def _pin_worker(slots: Any, threads: int, cache_mb: float | None = None) -> None
 def _run_pinned(job_id: str, config_kwargs: Mapping[str, Any], threads: int | None) -> JobResult:
     result = cached_job(job_id, config_kwargs, threads)
     gpu = os.environ.get(CUDA_VISIBLE_DEVICES, "")
-    return JobResult(result.job_id, result.state, f"{result.message} (GPU {gpu})".lstrip())
+    return dataclasses.replace(result, message=f"{result.message} (GPU {gpu})".lstrip())
 
 
 def _launch_parallel_gpus(jobs, sweep_dir, data_dir, options, gpus: Sequence[str]) -> list[JobResult]:

@@ -290,6 +290,15 @@ class Job:
         return TrainConfig(**{**self.args, **self.launch_args}, output_dir=str(self.directory(sweep_dir)),
                            data_dir=data_dir)
 
+    def payload(self, sweep_dir: str | os.PathLike, data_dir: str | None,
+                loggers: Sequence[str] = ()) -> dict[str, Any]:
+        """What a launcher's worker receives: the TrainConfig's keyword arguments, with the launch's loggers."""
+        return {**dataclasses.asdict(self.config(sweep_dir, data_dir)), "loggers": list(loggers)}
+
+    def command(self, sweep_dir: str | os.PathLike, data_dir: str | None, loggers: Sequence[str] = ()) -> str:
+        """The `domaingen train` command line that runs this job (what the dry launcher prints)."""
+        return train_command(self, sweep_dir, data_dir, loggers)
+
 
 def job_id(args: Mapping[str, Any]) -> str:
     """A hash of the job's identity settings (also the job's directory name)."""

@@ -1,15 +1,22 @@
 """What every sweep launcher shares: how one job runs in a worker process, its result,
 the worker's dataset cache, chunks of jobs, the launch options and the progress bar.
 
-Every launcher runs the same `run_job`, which calls `run.training.train` in the worker
-process; a job's own errors end up in its `failed` marker and its state, never in the
-launcher. A worker process keeps the datasets it built in its `worker_cache` for its
+A job is any object with a `job_id`, a `payload(sweep_dir, data_dir, loggers)` (the
+picklable keyword arguments its worker receives) and a `command(sweep_dir, data_dir,
+loggers)` (the command line that runs it, what the dry launcher prints): a training job
+(`sweep.spec.Job`) or another kind, such as an adaptation job (`adapt.jobs.AdaptJob`).
+Every launcher runs the same `run_job` in the worker process. A training payload
+becomes `run.training.train`'s config; a payload naming a `JOB_RUNNER` ("module:function")
+is handed to that function, so the launchers run jobs of any kind without knowing it.
+A job's own errors end up in its state (and a training job's `failed` marker), never in
+the launcher. A worker process keeps the datasets it built in its `worker_cache` for its
 later jobs; Slurm and Ray tasks run a chunk of `jobs_per_task` jobs (`run_job_chunk`),
 so that a task pays the imports and the dataset once per chunk.
 """
 
 from __future__ import annotations
 
+import importlib
 import logging
 import os
 from dataclasses import dataclass, field
@@ -24,6 +31,9 @@ from domaingen.sweep.spec import Job
 log = logging.getLogger(__name__)
 
 SUBMITTED, NOT_SUBMITTED = "submitted", "not submitted"  # slurm --detach: the job's fate is the scheduler's now
+# A payload key: the "module:function" that runs a job of a kind other than training, as
+# runner(job_id, payload without this key, dataset cache) -> JobResult, in the worker process.
+JOB_RUNNER = "job_runner"
 
 
 def available_cores() -> int:
@@ -41,11 +51,12 @@ def threads_per_worker(workers: int, cores: int | None = None) -> int:
 
 @dataclass
 class JobResult:
-    """How one job ended."""
+    """How one job ended; `details`: what its kind reports besides (an adaptation job: adapter -> outcome)."""
 
     job_id: str
     state: str
     message: str = ""
+    details: dict[str, Any] = field(default_factory=dict)
 
 
 # The datasets a worker process built, for its later jobs. Process-wide on purpose: a
@@ -68,9 +79,10 @@ def worker_cache(max_mb: float | None = None) -> DatasetCache:
 def run_job(
     job_id: str, config_kwargs: Mapping[str, Any], threads: int | None = None, cache: DatasetCache | None = None
 ) -> JobResult:
-    """Run one job in this process (resuming it if it is incomplete).
+    """Run one job in this process: a payload with a JOB_RUNNER by that function, else a training
+    job (resumed if it is incomplete).
 
-    The job's run lock is held throughout; a job another process holds is not
+    A training job's run lock is held throughout; a job another process holds is not
     run and ends as RUNNING_ELSEWHERE. `cache` serves datasets built by earlier
     jobs of this process (see datasets.cache).
     """
@@ -80,6 +92,8 @@ def run_job(
 
     if threads:
         torch.set_num_threads(threads)
+    if JOB_RUNNER in config_kwargs:
+        return _run_by_runner(job_id, config_kwargs, cache)
     try:
         with run_lock(config_kwargs["output_dir"]):  # another launch may be running this job
             failure = _load_job_plugins(config_kwargs)
@@ -89,6 +103,16 @@ def run_job(
         return JobResult(job_id, outcome.state, outcome.message)
     except RunLockedError as exc:
         return JobResult(job_id, RUNNING_ELSEWHERE, str(exc))
+    except Exception as exc:  # the job's failure is its own; the sweep goes on
+        return JobResult(job_id, "failed", f"{type(exc).__name__}: {exc}")
+
+
+def _run_by_runner(job_id: str, payload: Mapping[str, Any], cache: DatasetCache | None) -> JobResult:
+    """The job run by the function its payload names; whatever it raises ends the job as failed."""
+    module, _, name = str(payload[JOB_RUNNER]).partition(":")
+    try:
+        runner = getattr(importlib.import_module(module), name)
+        return runner(job_id, {k: v for k, v in payload.items() if k != JOB_RUNNER}, cache)
     except Exception as exc:  # the job's failure is its own; the sweep goes on
         return JobResult(job_id, "failed", f"{type(exc).__name__}: {exc}")
 
@@ -130,10 +154,9 @@ def _load_job_plugins(config_kwargs: Mapping[str, Any]) -> str | None:
 
 
 def job_kwargs(job: Job, sweep_dir: str, data_dir: str | None, loggers: Sequence[str] = ()) -> dict[str, Any]:
-    """The keyword arguments of the job's TrainConfig, with the launch's loggers (not part of the job)."""
-    from dataclasses import asdict
-
-    return {**asdict(job.config(sweep_dir, data_dir)), "loggers": list(loggers)}
+    """What the job's worker receives (its `payload`): a training job's TrainConfig keyword arguments,
+    with the launch's loggers (not part of the job)."""
+    return job.payload(sweep_dir, data_dir, loggers)
 
 
 @dataclass
