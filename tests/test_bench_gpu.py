@@ -97,3 +97,14 @@ def test_the_step_and_the_captured_fallback_on_the_cpu(monkeypatch, tmp_path):
     assert gpu.captured_step_ms("embedded", tmp_path, "fp32") == (
         "not available (this tree has no --compile_step setting)")
     assert gpu.has_setting.__name__ == "<lambda>" and not gpu.has_setting("compile_step")
+
+
+def test_the_sweep_is_the_issues_36_jobs():
+    import tomllib
+
+    from domaingen.sweep.spec import build_jobs, parse_spec
+
+    jobs = build_jobs(parse_spec(tomllib.loads(gpu.SWEEP_SPEC)))
+    per_dataset = {name: sum(j.args["dataset"] == name for j in jobs) for name in ("ColoredMNIST", "RotatedMNIST")}
+    assert per_dataset == {"ColoredMNIST": 3 * 4, "RotatedMNIST": 6 * 4}
+    assert {(j.args["steps"], j.args["checkpoint_freq"], j.args["algorithm"]) for j in jobs} == {(501, 100, "ERM")}
