@@ -268,7 +268,7 @@ RESUME_HPARAMS = {
     "IB_IRM": {"ib_penalty_anneal_iters": 4, "irm_penalty_anneal_iters": 5},
     "RDM": {"rdm_penalty_anneal_iters": 4, "rdm_lr": 1e-3},
 }
-VOLATILE = {"step_time", "eval_time", "mem_gb", "args"}
+VOLATILE = {"step_time", "eval_time", "startup_time", "mem_gb", "args"}
 
 
 def config(out, name) -> TrainConfig:

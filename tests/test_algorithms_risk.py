@@ -451,7 +451,7 @@ def test_an_interrupted_run_resumes_to_the_same_records(tmp_path, monkeypatch, n
         train(resume_config(tmp_path / "resumed", name))
     monkeypatch.setattr(training, "evaluate", real_evaluate)
     train(resume_config(tmp_path / "resumed", name))
-    drop = {"step_time", "eval_time", "mem_gb", "args"}
+    drop = {"step_time", "eval_time", "startup_time", "mem_gb", "args"}
     stable = lambda records: [{k: v for k, v in r.items() if k not in drop} for r in records]
     straight = RunDirectory(tmp_path / "straight").records()
     assert [r["step"] for r in straight] == [0, 3, 6]

@@ -20,7 +20,7 @@ from domaingen.sweep.workers import chunks, run_job_chunk
 from domaingen.run.rundir import RunDirectory
 from domaingen.run.training import TrainConfig, train
 
-VOLATILE = {"step_time", "eval_time", "mem_gb", "args"}
+VOLATILE = {"step_time", "eval_time", "startup_time", "mem_gb", "args"}
 
 
 class Blocks(MultiDomainDataset):
@@ -256,3 +256,49 @@ def test_the_local_launcher_builds_each_dataset_once(tmp_path, capsys, monkeypat
                  "--data_dir", "embedded", "--launcher", "local", "--yes", "--no_progress",
                  "--dataset_cache_mb", "0", "--protocol", "paired"]) == 0
     assert len(built) == 4
+
+
+# --- a worker's later jobs under the domainbed protocol -------------------------------------------------
+
+def test_the_digits_are_served_once_per_cache_and_only_inside_its_block():
+    from domaingen.datasets.mnist import load_mnist
+
+    cache = DatasetCache()
+    with cache.serving_sources():
+        first, second = load_mnist("embedded"), load_mnist("embedded")
+    assert first is second and cache.stats.source_misses == 1 and cache.stats.source_hits == 1
+    assert cache.nbytes == first.images.numel() + 8 * first.labels.numel()
+    assert load_mnist("embedded") is not first  # outside the block nothing is kept
+    assert DatasetCache(0).source("k", lambda: [1], len) is not DatasetCache(0).source("k", lambda: [1], len)
+
+
+def test_a_second_domainbed_job_on_a_worker_reuses_the_digits_and_equals_a_fresh_run(tmp_path):
+    from domaingen.sweep.workers import run_job
+
+    cache = DatasetCache()
+    # ERM on ColoredMNIST defaults to the domainbed protocol: environments built per run from its seed
+    first = run_job("a", kwargs(tmp_path / "a", hparams_seed=1), cache=cache)
+    second = run_job("b", kwargs(tmp_path / "b"), cache=cache)
+    assert (first.state, second.state) == ("done", "done")
+    assert RunDirectory(tmp_path / "b").read_args()["protocol"] == "domainbed"
+    assert cache.stats.source_misses == 1 and cache.stats.source_hits == 1  # the files were read once
+    assert len(cache) == 0  # the per-seed datasets themselves are not kept
+    train(TrainConfig(**kwargs(tmp_path / "fresh")))
+    same_run(tmp_path / "b", tmp_path / "fresh")
+    records = RunDirectory(tmp_path / "b").records()
+    assert records[0]["startup_time"] > 0 and "startup_time" not in records[1]
+
+
+def test_a_worker_warms_its_imports_and_a_failing_warm_up_does_not_break_the_pool(monkeypatch, caplog):
+    from domaingen.sweep import parallel, workers
+
+    parts = workers.warm_worker("cpu")
+    assert set(parts) == {"imports"} and "torch._dynamo" in sys.modules
+
+    def fail(device):
+        raise RuntimeError("no driver")
+
+    monkeypatch.setattr(parallel, "warm_worker", fail)
+    monkeypatch.setattr(parallel, "_quiet_worker", lambda threads: None)
+    parallel._start_worker(1, 1.0)
+    assert "warming the worker failed: RuntimeError: no driver" in caplog.text

@@ -226,7 +226,7 @@ def config(out, data_dir, **kw) -> TrainConfig:
     return TrainConfig(**base)
 
 
-VOLATILE = {"step_time", "eval_time", "mem_gb", "args"}
+VOLATILE = {"step_time", "eval_time", "startup_time", "mem_gb", "args"}
 
 
 def stable(records):

@@ -150,7 +150,7 @@ def test_a_split_left_without_some_class_is_one_line_and_exit_2(tmp_path, capsys
 
 
 def _timeless(records):
-    return [{**{k: v for k, v in r.items() if k not in ("step_time", "eval_time", "mem_gb", "args")},
+    return [{**{k: v for k, v in r.items() if k not in ("step_time", "eval_time", "startup_time", "mem_gb", "args")},
              "args": {k: v for k, v in r["args"].items() if k != "output_dir"}} for r in records]
 
 

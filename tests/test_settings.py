@@ -24,7 +24,7 @@ FIXTURE_RUN = ["--dataset", "ColoredMNIST", "--algorithm", "IRM", "--test_envs",
                "--checkpoint_freq", "2", "--hparams_seed", "1", "--in_domain_test", "0.1"]
 # a new run beside the fixture's, under its protocol (0.2's default; DomainBed's experiment is today's for ERM and IRM)
 NEW_RUN = [*FIXTURE_RUN, "--protocol", "paired"]
-VARYING = {"step_time", "eval_time", "mem_gb", "args"}  # what differs between two machines or two runs
+VARYING = {"step_time", "eval_time", "startup_time", "mem_gb", "args"}  # what differs between two machines or two runs
 
 
 def cli(capsys, *argv: str) -> tuple[int, str, str]:

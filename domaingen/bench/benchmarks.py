@@ -1,10 +1,10 @@
 """`make bench`: the speed and memory figures the issues ask for (not timed assertions).
 
-Run with DOMAINGEN_DATA pointing at real MNIST: python -m domaingen.bench [--only training|floor|fullrun|jobs|bookkeeping|overhead|images|loader|dmg|report|diagnose|batching|peer --peer DIR|gpujobs --jobs_per_gpu K ...]
+Run with DOMAINGEN_DATA pointing at real MNIST: python -m domaingen.bench [--only training|floor|fullrun|jobs|bookkeeping|overhead|images|loader|dmg|report|diagnose|batching|peer --peer DIR|gpujobs --jobs_per_gpu K|gpu [--peer DIR] ...]
 
 `fullrun` and `jobs` compare this tree with a baseline commit (--baseline, default main or,
 where main already has issue 17's change, the commit before it) measured in the same run
-(see baseline.py); `make bench` runs every section but peer and gpujobs.
+(see baseline.py); `make bench` runs every section but peer, gpujobs and gpu (issue 52's GPU table, bench.gpu).
 """
 
 from __future__ import annotations
@@ -710,11 +710,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--skip_fp32_eval", action="store_true", help="the fp32 evaluation takes minutes on 2 cores")
     parser.add_argument("--only", choices=["training", "floor", "fullrun", "jobs", "bookkeeping", "overhead", "images",
-                                           "dmg", "report", "diagnose", "peer", "batching", "gpujobs", "loader"],
+                                           "dmg", "report", "diagnose", "peer", "batching", "gpujobs", "loader", "gpu"],
                         default=None,
-                        help="one section (default: all but peer and gpujobs)")
+                        help="one section (default: all but peer, gpujobs and gpu)")
     parser.add_argument("--peer", default=None, metavar="DIR",
-                        help="peer: a DomainBed checkout to time beside domaingen (see domaingen.bench.peer)")
+                        help="peer, gpu: a DomainBed checkout to time beside domaingen (see domaingen.bench.peer)")
     parser.add_argument("--peer_steps", type=int, default=101, help="peer: steps of each run")
     parser.add_argument("--peer_freq", type=int, default=50, help="peer: checkpoint frequency of the A runs")
     parser.add_argument("--peer_args", action="append", default=None, metavar="FLAGS",
@@ -757,6 +757,23 @@ def main(argv: list[str] | None = None) -> int:
             check_peer(ns.peer)
             variants = [shlex.split(flags) for flags in (ns.peer_args or [""])]
             rows = peer_rows(ns.peer, data_dir, ns.peer_steps, ns.peer_freq, variants=variants)
+        except DomaingenError as exc:
+            print(f"domaingen.bench: {exc}", file=sys.stderr)
+            return 2
+        print(tabulate(rows, headers=["measure", "value"]))
+        return 0
+    if ns.only == "gpu":
+        from domaingen.bench.baseline import header_rows
+        from domaingen.bench.gpu import check_cuda, gpu_rows
+
+        try:
+            check_cuda()
+            if ns.peer:
+                from domaingen.bench.peer import check_peer
+
+                check_peer(ns.peer)
+            rows = header_rows() + gpu_rows(data_dir, ns.peer,
+                                            progress=lambda part: print(f"gpu: {part}", file=sys.stderr, flush=True))
         except DomaingenError as exc:
             print(f"domaingen.bench: {exc}", file=sys.stderr)
             return 2

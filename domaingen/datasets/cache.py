@@ -19,17 +19,26 @@ The bound is on the bytes of the kept tensors (inputs, labels, split indices):
 `--dataset_cache_mb` (MiB), default DEFAULT_CACHE_MB (ColoredMNIST: 111 MB, RotatedMNIST: 56 MB);
 0 disables the cache. When an entry would exceed it, the least recently used
 entries are evicted first; an entry larger than the bound itself is not kept.
+
+Besides built datasets, the cache keeps their sources: what a dataset reads before
+anything depends on a run (MNIST's 70,000 decoded digits). A dataset built for one
+run's seed (the domainbed protocol's MNIST environments) is not kept, but within
+`with cache.serving_sources():` its constructor's `cached_source(key, build)` calls are
+served from the cache, so a worker's later jobs skip reading and decoding the files.
+Sources count towards the same bound and are never written to.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import contextvars
 import logging
 import os
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Hashable, Mapping, Sequence
+from typing import Any, Callable, Hashable, Iterator, Mapping, Sequence, TypeVar
 
 import torch
 
@@ -40,6 +49,20 @@ log = logging.getLogger(__name__)
 
 DEFAULT_CACHE_MB = 1024
 CACHE_MB_ENV = "DOMAINGEN_DATASET_CACHE_MB"
+
+T = TypeVar("T")
+# The cache that serves `cached_source` calls in this context (`DatasetCache.serving_sources`).
+_SERVING: contextvars.ContextVar["DatasetCache | None"] = contextvars.ContextVar("domaingen_sources", default=None)
+
+
+def cached_source(key: Hashable, build: Callable[[], T], nbytes: Callable[[T], int] | None = None) -> T:
+    """`build()`, or what it returned for the same `key` earlier in this process when a DatasetCache
+    serves sources here (`DatasetCache.serving_sources`); `nbytes(value)` is its size for the bound.
+
+    The key must hold everything that decides the value (a directory, its files' fingerprint).
+    """
+    cache = _SERVING.get()
+    return build() if cache is None else cache.source(key, build, nbytes)
 
 
 def definition(cls: type[MultiDomainDataset]) -> tuple[tuple[str, Any], ...]:
@@ -109,6 +132,8 @@ class CacheStats:
     hits: int = 0
     misses: int = 0
     evictions: int = 0
+    source_hits: int = 0
+    source_misses: int = 0
 
 
 class DatasetCache:
@@ -119,12 +144,42 @@ class DatasetCache:
             raise ValueError(f"max_mb must be at least 0, got {max_mb}")
         self.max_bytes = int(max_mb * 2**20)
         self._entries: OrderedDict[Hashable, _Entry] = OrderedDict()
+        self._sources: OrderedDict[Hashable, tuple[Any, int]] = OrderedDict()
         self.stats = CacheStats()
 
     @property
     def nbytes(self) -> int:
         """Bytes held now."""
-        return sum(entry.nbytes for entry in self._entries.values())
+        return (sum(entry.nbytes for entry in self._entries.values())
+                + sum(size for _, size in self._sources.values()))
+
+    @contextlib.contextmanager
+    def serving_sources(self) -> Iterator["DatasetCache"]:
+        """Within this block, `cached_source` calls (dataset constructors) are served from this cache."""
+        token = _SERVING.set(self)
+        try:
+            yield self
+        finally:
+            _SERVING.reset(token)
+
+    def source(self, key: Hashable, build: Callable[[], T], nbytes: Callable[[T], int] | None = None) -> T:
+        """`build()` once per key (see `cached_source`), kept within the bound (LRU, with the datasets)."""
+        if self.max_bytes == 0:
+            return build()
+        key = ("source", key)
+        if key in self._sources:
+            self.stats.source_hits += 1
+            self._sources.move_to_end(key)
+            return self._sources[key][0]
+        self.stats.source_misses += 1
+        value = build()
+        size = nbytes(value) if nbytes is not None else 0
+        if size > self.max_bytes:
+            log.info("source %s (%.0f MB) exceeds the dataset cache; not kept", key[1], size / 2**20)
+            return value
+        self._sources[key] = (value, size)
+        self._evict(keep=key)
+        return value
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -196,17 +251,19 @@ class DatasetCache:
         self._evict(keep=key)
 
     def _evict(self, keep: Hashable | None) -> None:
-        """Drop least recently used entries (never `keep`) until the bound holds; `keep` itself if need be."""
-        while self.nbytes > self.max_bytes and self._entries:
-            victim = next((k for k in self._entries if k != keep), keep)
-            self._entries.pop(victim)
+        """Drop least recently used entries, datasets before sources (never `keep`) until the bound holds;
+        `keep` itself if need be."""
+        while self.nbytes > self.max_bytes and (self._entries or self._sources):
+            victim = next((k for k in [*self._entries, *self._sources] if k != keep), keep)
+            (self._entries if victim in self._entries else self._sources).pop(victim, None)
             self.stats.evictions += 1
-            log.info("dataset cache: evicted %s", victim[0])
+            log.info("dataset cache: evicted %s", victim[0] if victim[0] != "source" else victim[1])
             if victim == keep:
                 break
 
     def clear(self) -> None:
         self._entries.clear()
+        self._sources.clear()
 
 
 def cache_mb_default() -> float:

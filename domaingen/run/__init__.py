@@ -18,7 +18,8 @@ A run directory holds `args.json`, `results.jsonl` (one record per checkpoint,
 DomainBed's field names: `step`, `epoch`, the losses, `env{i}_in_acc`,
 `env{i}_out_acc`, `step_time`, `mem_gb`, `hparams`, `args`, plus `data_source`,
 `evaluated`, the splits that checkpoint evaluated (see Evaluated splits), and `eval_time`, the
-seconds that evaluation took),
+seconds that evaluation took; the first record each call of `train` writes also holds
+`startup_time`, the seconds from the job's start to its first step),
 `checkpoint.pt`, `selected.pt` (see the selected checkpoint), `log.txt`, `manifest.json`
 (code version, libraries, device, threads, precision: `run.manifest`), with `--logger` also
 `tensorboard/` or `wandb/` (`run.loggers`), and last a `done` marker, or a `failed` marker with

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import hashlib
@@ -449,15 +450,20 @@ class Budget:
         return self.minutes is None or time.monotonic() - self.started + seconds_more <= self.minutes * 60
 
 
-def train(config: TrainConfig, dataset_cache: DatasetCache | None = None) -> RunOutcome:
+def train(config: TrainConfig, dataset_cache: DatasetCache | None = None, started: float | None = None) -> RunOutcome:
     """Run (or resume, or skip if done) one training run; see the module docstring of rundir.
 
     `dataset_cache` (a sweep worker's) serves the dataset and its splits when an earlier
-    job built them; the run computes exactly what it computes without one. The plugins
+    job built them, and, for a dataset built for the run's seed alone, what it reads
+    (`cached_source`); the run computes exactly what it computes without one. The first
+    record this call writes holds `startup_time`: seconds from `started` (a
+    `time.perf_counter()` reading of the job's start; default: this call) to the first
+    step. The plugins
     (`config.plugins`, the entry points, $DOMAINGEN_PLUGINS) are loaded first; one that
     cannot be loaded raises PluginError before anything is written. With a `time_budget`,
     a run that would pass it stops at its last checkpoint and returns state 'incomplete'.
     """
+    started = time.perf_counter() if started is None else started
     budget = Budget(config.time_budget)
     load_plugins(config.plugins)
     config = canonical_names(config)
@@ -477,13 +483,15 @@ def train(config: TrainConfig, dataset_cache: DatasetCache | None = None) -> Run
     make_deterministic(device)
     run.resolved_precision = _run_precision(rundir, config.precision, device)
     settings = run.settings
+    sources = dataset_cache.serving_sources() if dataset_cache is not None else contextlib.nullcontext()
     if run.dataset_cls.DOMAINBED_SEED is not None:
-        dataset_cache = None  # built for this run's seed alone: nothing another job could reuse
-    if dataset_cache is not None:
-        dataset = dataset_cache.dataset(settings.dataset, run.dataset_cls, settings.data_dir, run.test_envs,
-                                        run.hparams)
-    else:
-        dataset = run.dataset_cls(settings.data_dir, run.test_envs, run.hparams)
+        dataset_cache = None  # built for this run's seed alone: only its sources serve another job
+    with sources:
+        if dataset_cache is not None:
+            dataset = dataset_cache.dataset(settings.dataset, run.dataset_cls, settings.data_dir, run.test_envs,
+                                            run.hparams)
+        else:
+            dataset = run.dataset_cls(settings.data_dir, run.test_envs, run.hparams)
     if settings.image_cache and not dataset.use_image_cache(image_cache_dir(settings.data_dir)):
         log.warning("image_cache: %s has no image files to cache, or augments in its own way; it is read as usual",
                     settings.dataset)
@@ -504,7 +512,7 @@ def train(config: TrainConfig, dataset_cache: DatasetCache | None = None) -> Run
             log.info("retrying a run that failed before: %s", rundir.failure_reason())
             rundir.clear_failed()
         try:
-            records = _train_loop(run, dataset, device, rundir, dataset_cache, budget)
+            records = _train_loop(run, dataset, device, rundir, dataset_cache, budget, started)
         except BudgetSpent as spent:
             message = (f"{rundir.path}: time budget of {settings.time_budget:g} min reached; {spent}; "
                        "rerun the same command to resume")
@@ -583,7 +591,7 @@ def _check_in_domain_test_classes(run: ResolvedRun, dataset: MultiDomainDataset,
 
 def _train_loop(
     run: ResolvedRun, dataset: MultiDomainDataset, device: torch.device, rundir: RunDirectory,
-    dataset_cache: DatasetCache | None = None, budget: Budget | None = None,
+    dataset_cache: DatasetCache | None = None, budget: Budget | None = None, started: float | None = None,
 ) -> list[dict[str, Any]]:
     settings, hparams = run.settings, run.hparams
     if run.embedded_data:
@@ -620,7 +628,7 @@ def _train_loop(
     idtest = _idtest_splits(run, dataset) if settings.in_domain_test else None
     try:
         _steps(run, dataset, device, rundir, splits, idtest, algorithm, sampler, predict, start_step, selected, loggers,
-               budget or Budget(None))
+               budget or Budget(None), started)
     finally:
         loggers.close()
     final_evaluation(run, dataset, device, rundir, splits, algorithm, predict, selected, idtest)
@@ -629,7 +637,8 @@ def _train_loop(
 
 def _steps(run: ResolvedRun, dataset: MultiDomainDataset, device: torch.device, rundir: RunDirectory,
            splits: list, idtest_splits: list | None, algorithm: Algorithm, sampler: Any, predict: CompiledPredict | None,
-           start_step: int, selected: dict[str, dict[str, Any]], loggers: RunLoggers, budget: Budget) -> None:
+           start_step: int, selected: dict[str, dict[str, Any]], loggers: RunLoggers, budget: Budget,
+           started: float | None = None) -> None:
     settings, hparams, test_envs = run.settings, run.hparams, run.test_envs
     args = run.args  # what each record carries under "args"
     last = settings.steps - 1
@@ -644,6 +653,8 @@ def _steps(run: ResolvedRun, dataset: MultiDomainDataset, device: torch.device, 
     interval_started = time.monotonic()
     update = functools.partial(linear_probe_update, algorithm) if settings.linear_probe else algorithm.update
     init_fields = {INIT_FIELD: run.shared_init_id} if run.shared_init_id else {}
+    # the first record of this call: how long the job took to reach its first step
+    startup = {"startup_time": time.perf_counter() - started} if started is not None else {}
     for step in range(start_step, settings.steps):
         started = time.perf_counter()
         with autocast_context(device, run.resolved_precision):
@@ -674,13 +685,14 @@ def _steps(run: ResolvedRun, dataset: MultiDomainDataset, device: torch.device, 
                 **algorithm.diagnostics(),
                 **dataset.checkpoint_metrics(algorithm, device),
                 "eval_time": eval_time,
+                **startup,
                 "mem_gb": peak_memory_gb(device),
                 "data_source": dataset.data_source,
                 **init_fields,
                 "hparams": hparams,
                 "args": args,
             }
-            pending = {}
+            pending, startup = {}, {}
             rundir.append_record(record)
             update_selected(rundir, record, test_envs, len(splits), algorithm, selected, modes)
             _save(rundir, step + 1, algorithm, sampler, selected)

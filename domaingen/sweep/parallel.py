@@ -23,6 +23,7 @@ from domaingen.sweep.workers import (
     progress_bar,
     run_job,
     threads_per_worker,
+    warm_worker,
     worker_cache,
 )
 
@@ -65,10 +66,15 @@ def _quiet_worker(threads: int) -> None:
     torch.set_num_threads(threads)
 
 
-def _start_worker(threads: int, cache_mb: float | None = None) -> None:
-    """A parallel worker's initializer: quiet logging, its threads, and its dataset cache's bound."""
+def _start_worker(threads: int, cache_mb: float | None = None, device: str = "cpu") -> None:
+    """A parallel worker's initializer: quiet logging, its threads, its dataset cache's bound, and the
+    imports (and on device 'auto', CUDA's start-up) its first job would pay (`warm_worker`)."""
     _quiet_worker(threads)
     worker_cache(cache_mb)
+    try:
+        warm_worker(device)
+    except Exception as exc:  # the job meets it again and fails alone; a failing initializer breaks the pool
+        log.warning("warming the worker failed: %s: %s", type(exc).__name__, exc)
 
 
 def cached_job(job_id: str, config_kwargs: Mapping[str, Any], threads: int | None) -> JobResult:
@@ -197,8 +203,7 @@ def launch_parallel(jobs, sweep_dir, data_dir, options) -> list[JobResult]:
 def _pin_worker(slots: Any, threads: int, cache_mb: float | None = None) -> None:
     # runs before the worker touches CUDA, so the variable decides the one GPU it sees
     os.environ[CUDA_VISIBLE_DEVICES] = slots.get()
-    _quiet_worker(threads)
-    worker_cache(cache_mb)
+    _start_worker(threads, cache_mb, "auto")
 
 
 def _run_pinned(job_id: str, config_kwargs: Mapping[str, Any], threads: int | None) -> JobResult:

@@ -9,8 +9,10 @@ Every launcher runs the same `run_job` in the worker process. A training payload
 becomes `run.training.train`'s config; a payload naming a `JOB_RUNNER` ("module:function")
 is handed to that function, so the launchers run jobs of any kind without knowing it.
 A job's own errors end up in its state (and a training job's `failed` marker), never in
-the launcher. A worker process keeps the datasets it built in its `worker_cache` for its
-later jobs; Slurm and Ray tasks run a chunk of `jobs_per_task` jobs (`run_job_chunk`),
+the launcher. A worker process keeps the datasets it built (and, for datasets built per
+run, the files they read) in its `worker_cache` for its later jobs, and a parallel
+worker's initializer (`warm_worker`) pays the imports and CUDA's start-up before its
+first job is handed out; Slurm and Ray tasks run a chunk of `jobs_per_task` jobs (`run_job_chunk`),
 so that a task pays the imports and the dataset once per chunk.
 """
 
@@ -76,6 +78,31 @@ def worker_cache(max_mb: float | None = None) -> DatasetCache:
     return _WORKER_CACHE[0]
 
 
+def warm_worker(device: str = "auto") -> dict[str, float]:
+    """Pay in this (new worker) process what its first job would otherwise pay before its first step:
+    the training modules' imports, torch._dynamo's (which torch's first optimizer imports), and on
+    CUDA the context, cuBLAS and cuDNN (one small matmul and convolution). Returns the seconds of each part.
+    """
+    import time
+
+    started = time.perf_counter()
+    import torch
+    import torch._dynamo  # noqa: F401  (torch.optim's first optimizer imports it: 2 s)
+
+    import domaingen.run.training  # noqa: F401
+    from domaingen.devices import resolve_device
+
+    parts = {"imports": time.perf_counter() - started}
+    target = resolve_device(device)
+    if target.type == "cuda":
+        started = time.perf_counter()
+        x = torch.ones(1, 2, 8, 8, device=target)
+        conv = torch.nn.functional.conv2d(x, torch.ones(4, 2, 3, 3, device=target))
+        (conv.flatten(1) @ torch.ones(conv.flatten(1).shape[1], 2, device=target)).sum().item()
+        parts["cuda"] = time.perf_counter() - started
+    return parts
+
+
 def run_job(
     job_id: str, config_kwargs: Mapping[str, Any], threads: int | None = None, cache: DatasetCache | None = None
 ) -> JobResult:
@@ -84,8 +111,12 @@ def run_job(
 
     A training job's run lock is held throughout; a job another process holds is not
     run and ends as RUNNING_ELSEWHERE. `cache` serves datasets built by earlier
-    jobs of this process (see datasets.cache).
+    jobs of this process (see datasets.cache). The job's first record holds its
+    start-up: seconds from this call to its first step (`startup_time`).
     """
+    import time
+
+    started = time.perf_counter()
     import torch
 
     from domaingen.run.training import TrainConfig, train
@@ -99,7 +130,7 @@ def run_job(
             failure = _load_job_plugins(config_kwargs)
             if failure is not None:
                 return JobResult(job_id, "failed", failure)
-            outcome = train(TrainConfig(**config_kwargs), dataset_cache=cache)
+            outcome = train(TrainConfig(**config_kwargs), dataset_cache=cache, started=started)
         return JobResult(job_id, outcome.state, outcome.message)
     except RunLockedError as exc:
         return JobResult(job_id, RUNNING_ELSEWHERE, str(exc))
