@@ -90,7 +90,7 @@ def test_fields_are_read_at_the_selected_checkpoint(collection):
     csv = pd.read_csv(io.StringIO(to_csv([fields])))
     assert csv["table"].tolist() == ["fields", "fields"] and csv["mean"].tolist() == pytest.approx([0.35, 0.175])
     assert csv["values"].iloc[0] == "0.4;0.3"
-    with pytest.raises(DomaingenError, match="--fields nothing_like_this matches no numeric field"):
+    with pytest.raises(DomaingenError, match="no recorded field matches nothing_like_this"):
         field_tables(tables, collection.records, ["nothing_like_this"])
 
 

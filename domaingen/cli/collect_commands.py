@@ -252,11 +252,12 @@ def _correlations_arguments(p: argparse.ArgumentParser) -> None:
 def _correlations(ns: argparse.Namespace) -> int:
     from domaingen.cli.sweep_commands import _write
     from domaingen.tables.correlations import correlation_tables, title
-    from domaingen.tables.views import matching_fields, render
+    from domaingen.tables.comparisons import matching_fields
+    from domaingen.tables.views import render
 
     collection, methods, tables = _selected_tables(ns)
     result = correlation_tables(tables, collection.records, ns.fields, ns.against, ns.without)
-    text = render(result, title(matching_fields(collection.records, ns.against), ns.without), ns.format,
+    text = render(result, title(matching_fields(collection.records, ns.against, by_pattern=False), ns.without), ns.format,
                   key_names=("dataset", "selection"))
     return _write(text, ns.output)
 

@@ -216,12 +216,20 @@ def paired_tables(tables: Sequence[Table], pairs: Sequence[tuple[str, str]], ove
     return out
 
 
-def matching_fields(records: pd.DataFrame, patterns: Sequence[str]) -> list[str]:
-    """Numeric record columns matching any glob in `patterns`, in pattern order then name order."""
+def matching_fields(records: pd.DataFrame, patterns: Sequence[str], by_pattern: bool = True) -> list[str]:
+    """Numeric record columns matching any glob in `patterns`: in pattern order, then name order
+    (`by_pattern`), or in column order. Raises DomaingenError naming the globs and some of the
+    fields there are when none matches."""
     numeric = [c for c in records.columns if c not in NOT_FIELDS and pd.api.types.is_numeric_dtype(records[c])]
-    found: list[str] = []
-    for pattern in patterns:
-        found += [c for c in sorted(numeric) if fnmatch.fnmatchcase(c, pattern) and c not in found]
+    if by_pattern:
+        found: list[str] = []
+        for pattern in patterns:
+            found += [c for c in sorted(numeric) if fnmatch.fnmatchcase(c, pattern) and c not in found]
+    else:
+        found = [c for c in numeric if any(fnmatch.fnmatchcase(c, p) for p in patterns)]
+    if not found:
+        raise DomaingenError(f"no recorded field matches {' '.join(patterns)} (fields of these runs include: "
+                             f"{', '.join(numeric[:8])}{', ...' if len(numeric) > 8 else ''})")
     return found
 
 
@@ -230,8 +238,6 @@ def field_tables(tables: Sequence[Table], records: pd.DataFrame, patterns: Seque
     (`field @ env` when several environments were held out), cells = the field's value in each
     trial's selected record. Raises DomaingenError when no record field matches."""
     fields = matching_fields(records, patterns)
-    if not fields:
-        raise DomaingenError(f"--fields {' '.join(patterns)} matches no numeric field of the records")
     indexed = records.drop_duplicates(["run", "step"], keep="last").set_index(["run", "step"])
     out = []
     for table in _test_tables(tables):

@@ -18,7 +18,7 @@ from scipy.stats import spearmanr
 
 from domaingen.errors import DomaingenError
 from domaingen.tables.reporting import Table
-from domaingen.tables.views import matching_fields
+from domaingen.tables.comparisons import matching_fields
 
 MIN_POINTS = 3
 
@@ -63,8 +63,8 @@ def correlation_tables(tables: Sequence[Table], records: pd.DataFrame, field_pat
                        against_patterns: Sequence[str], without: Sequence[str] = ()) -> dict[tuple[str, str], pd.DataFrame]:
     """(dataset, selection method) -> one row per field: Spearman's rho, p and n over the runs, and over the
     algorithms' means. Raises DomaingenError when a pattern matches no field or nothing is left to correlate."""
-    fields = matching_fields(records, field_patterns)
-    against = matching_fields(records, against_patterns)
+    fields = matching_fields(records, field_patterns, by_pattern=False)
+    against = matching_fields(records, against_patterns, by_pattern=False)
     out = {}
     for key, frame in selected_points(tables, records, fields, against).items():
         unknown = [a for a in without if a not in set(frame["algorithm"])]

@@ -14,34 +14,23 @@
 
 from __future__ import annotations
 
-import fnmatch
 import json
 from typing import Sequence
 
 import pandas as pd
 from tabulate import tabulate
 
-from domaingen.tables.comparisons import NOT_FIELDS
+from domaingen.tables.comparisons import matching_fields
 from domaingen.errors import DomaingenError
 from domaingen.tables.selection import training_domain_validation
 
 FORMATS = ("markdown", "csv")
 
 
-def matching_fields(records: pd.DataFrame, patterns: Sequence[str]) -> list[str]:
-    """Numeric record columns that match any glob, in column order; an error naming the globs if none does."""
-    numeric = [c for c in records.columns if c not in NOT_FIELDS and pd.api.types.is_numeric_dtype(records[c])]
-    fields = [c for c in numeric if any(fnmatch.fnmatchcase(c, p) for p in patterns)]
-    if not fields:
-        raise DomaingenError(f"no recorded field matches {' '.join(patterns)} (fields of these runs include: "
-                             f"{', '.join(numeric[:8])}{', ...' if len(numeric) > 8 else ''})")
-    return fields
-
-
 def trajectories(records: pd.DataFrame, patterns: Sequence[str]) -> dict[tuple[str, str], pd.DataFrame]:
     """(dataset, algorithm) -> a frame indexed by step: `runs` (how many recorded the fields there) and the
     mean over those runs of every matching field. Pairs whose runs record none of the fields are left out."""
-    fields = matching_fields(records, patterns)
+    fields = matching_fields(records, patterns, by_pattern=False)
     out = {}
     for (dataset, algorithm), sub in records.groupby(["dataset", "algorithm"], sort=True):
         present = [f for f in fields if sub[f].notna().any()]
@@ -70,7 +59,7 @@ def draws_table(records: pd.DataFrame, field_patterns: Sequence[str] | None = No
     selected = training_domain_validation(records)
     if selected.empty:
         raise DomaingenError("collect draws needs runs with one test environment (training-domain validation)")
-    fields = matching_fields(records, field_patterns) if field_patterns else []
+    fields = matching_fields(records, field_patterns, by_pattern=False) if field_patterns else []
     last = records.sort_values("step", kind="stable").drop_duplicates("run", keep="last").set_index("run")
     out = {}
     for algorithm, sub in selected.groupby("algorithm", sort=True):
