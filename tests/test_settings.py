@@ -96,7 +96,8 @@ def test_a_job_id_hashes_the_identity_settings_and_leaves_out_unless_values():
     assert {s.name for s in SETTINGS if s.info.identity == UNLESS} == {
         "in_domain_test", "eval_splits", "train_in_every", "protocol", "shared_init", "linear_probe"}
     assert {s.name for s in SETTINGS if s.info.identity == NEVER} == {
-        "output_dir", "data_dir", "device", "compile_eval", "plugins", "loggers", "time_budget"}
+        "output_dir", "data_dir", "device", "compile_eval", "compile_step", "plugins", "loggers",
+        "time_budget"}
 
 
 def test_train_takes_test_envs_with_commas_as_sweep_launch_does(tmp_path, capsys):

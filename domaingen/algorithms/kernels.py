@@ -127,6 +127,7 @@ class PairwiseFeatureMatching(FeatureMatching):
     """Mean environment risk + mmd_gamma * the mean distance over pairs of training domains."""
 
     MIN_TRAIN_DOMAINS = 2  # the penalty compares domains
+    EAGER_STEP = ""  # fixed-size minibatches, every pair of domains at every step: static shapes
 
     def update(self, minibatches: Minibatches) -> dict[str, float]:
         features, logits = self.features_and_logits(minibatches)

@@ -18,6 +18,8 @@ class VREx(AnnealedPenalty):
     }
     LAMBDA_KEY = "vrex_lambda"
     ANNEAL_KEY = "vrex_penalty_anneal_iters"
+    # static shapes; the penalty weight is a Python number that changes once, compiling the step once more
+    EAGER_STEP = ""
 
     def update(self, minibatches: Minibatches) -> dict[str, float]:
         weight = self.penalty_weight()
