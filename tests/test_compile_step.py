@@ -178,6 +178,9 @@ def test_an_algorithm_not_declared_static_trains_eagerly_with_one_warning_naming
     # a modifier that overrides update is eager until it says otherwise, though ERM is not
     assert eager_step_reason(ALGORITHMS.get("ERM")) == ""
     assert eager_step_reason(ALGORITHMS.get("ERM+EMA")) == UNCHECKED_STEP
+    # and a subclass may refuse the update it inherits: MMD's from the class it shares with CORAL
+    assert eager_step_reason(ALGORITHMS.get("CORAL")) == ""
+    assert eager_step_reason(ALGORITHMS.get("MMD")).startswith("its widest Gaussian kernels (g = 1000) amplify")
 
 
 def test_cudagraphs_without_cuda_warns_and_runs_eagerly_with_the_eager_records(tmp_path, monkeypatch, caplog):
@@ -238,3 +241,24 @@ def test_cudagraph_updates_equal_eager_updates_on_cuda(caplog):
     assert torch._dynamo.utils.counters["inductor"]["cudagraph_skips"] == skipped  # every graph was recorded
     _assert_same_weights(model, eager, atol=1e-4)
     assert all(abs(a["loss"] - b["loss"]) < 1e-4 for a, b in zip(losses, eager_losses))
+
+
+# ---- the benchmark section
+
+
+def test_bench_compile_prints_eager_compiled_and_their_ratio(monkeypatch):
+    from domaingen.bench import compiled as bench
+
+    def refused(fn, **kwargs):
+        raise RuntimeError("no compiler")
+
+    monkeypatch.setattr(torch, "compile", refused)
+    clock = iter(range(1000))  # every step takes one second of wall time and of CPU time
+    monkeypatch.setattr(bench.time, "perf_counter", lambda: float(next(clock)))
+    cpu_clock = iter(range(1000))
+    monkeypatch.setattr(bench.time, "process_time", lambda: float(next(cpu_clock)))
+    rows = bench.bench_compiled_step(2, settings=["MLP"])
+    label = "ERM step, MLP, fp32, 64 per env x 2 envs"
+    assert [r[0] for r in rows] == [f"{label}, eager", f"{label}, --compile_step inductor", f"{label}, inductor / eager"]
+    assert rows[1][1] == "1000.00 ms (fell back to eager (see the warning))"
+    assert rows[2][1] == "1.00x (CPU time 1.00x)"

@@ -57,8 +57,8 @@ class Algorithm(nn.Module):
     # Why the method needs the dataset's class names (`set_class_names`); empty when it does not. A run of
     # a dataset without them is refused before it writes anything.
     NEEDS_CLASS_NAMES: ClassVar[str] = ""
-    # Why `update` runs eagerly under --compile_step (`eager_step_reason` reads it from the class that
-    # defines the `update` in use); empty when the update has static shapes and compiles to the eager result.
+    # Why `update` runs eagerly under --compile_step (`eager_step_reason` says which class's counts); empty
+    # when the update has static shapes and compiles to the eager result up to rounding.
     EAGER_STEP: ClassVar[str] = UNCHECKED_STEP
 
     def __init__(
@@ -245,11 +245,12 @@ def make_adam(params, hparams: Mapping[str, Any], lr: float | None = None) -> to
 def eager_step_reason(cls: type[Algorithm]) -> str:
     """Why `cls`'s update must run eagerly under --compile_step; '' when it may be compiled.
 
-    Read from the class that defines the `update` in use, so a subclass or a modifier
-    (X+ModReg, X+EMA) that overrides `update` is eager until it declares its own EAGER_STEP.
+    Read from the nearest class (in the MRO) that declares EAGER_STEP or defines `update`, so a
+    subclass or a modifier (X+ModReg, X+EMA) that overrides `update` is eager until it declares
+    its own EAGER_STEP, and a subclass can refuse the update it inherits (MMD from CORAL's).
     """
     for klass in cls.__mro__:
-        if "update" in vars(klass):
+        if "EAGER_STEP" in vars(klass) or "update" in vars(klass):
             return str(vars(klass).get("EAGER_STEP", UNCHECKED_STEP))
     return UNCHECKED_STEP
 
