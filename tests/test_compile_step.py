@@ -166,6 +166,20 @@ def test_a_compile_that_fails_midway_restores_the_step_and_warns_once(monkeypatc
                        eager.optimizer.state_dict()["state"][0]["exp_avg"])
 
 
+def test_torchs_notices_about_the_updates_designed_graph_breaks_are_dropped_and_others_kept(monkeypatch):
+    monkeypatch.setattr(torch, "compile", lambda fn, **kwargs: fn)
+    model = _algorithm("ERM")
+    step_update(model.update, model, "inductor", CPU)
+    logger = logging.getLogger("torch._dynamo.variables.tensor")
+
+    def kept(message: str) -> bool:
+        return all(f.filter(logging.LogRecord(logger.name, logging.WARNING, "", 0, message, (), None))
+                   for f in logger.filters)
+
+    assert not kept("Graph break from `Tensor.item()`, consider setting:\n    torch._dynamo.config...")
+    assert kept("Graph break: something unexpected")
+
+
 def test_an_algorithm_not_declared_static_trains_eagerly_with_one_warning_naming_why(monkeypatch, caplog):
     monkeypatch.setattr(torch, "compile", lambda *a, **k: pytest.fail("torch.compile called for an eager update"))
     model = _algorithm("IRM")
@@ -220,6 +234,22 @@ def test_compile_step_is_not_part_of_the_run_identity(tmp_path):
     config = dict(dataset="ColoredMNIST", algorithm="ERM", output_dir=str(tmp_path), data_dir="embedded")
     assert resolve(TrainConfig(**config, compile_step="cudagraphs")).identity() == \
         resolve(TrainConfig(**config)).identity()
+
+
+def test_a_sweep_takes_compile_step_without_changing_job_ids_or_its_spec(tmp_path):
+    from domaingen.sweep.spec import build_jobs, parse_spec, prepare_sweep_dir, read_recorded_spec, train_command
+
+    base = {"algorithms": ["ERM"], "datasets": ["ColoredMNIST"], "test_envs": [[2]], "n_hparams": 1, "n_trials": 1}
+    eager, graphs = parse_spec(base), parse_spec({**base, "compile_step": "cudagraphs"})
+    assert [j.job_id for j in build_jobs(graphs)] == [j.job_id for j in build_jobs(eager)]
+    assert "--compile_step" not in train_command(build_jobs(eager)[0], tmp_path, "embedded")
+    assert train_command(build_jobs(graphs)[0], tmp_path, "embedded").split("--compile_step ")[1][:10] == "cudagraphs"
+    # a sweep launched eagerly is relaunched with CUDA graphs (and back) as the same sweep
+    prepare_sweep_dir(tmp_path / "sweep", eager)
+    prepare_sweep_dir(tmp_path / "sweep", graphs)
+    assert read_recorded_spec(tmp_path / "sweep")["compile_step"] == "cudagraphs"
+    prepare_sweep_dir(tmp_path / "sweep", eager)
+    assert read_recorded_spec(tmp_path / "sweep")["compile_step"] is None
 
 
 # ---- CUDA graphs (a CUDA device)

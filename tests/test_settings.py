@@ -62,7 +62,7 @@ def test_spec_keys_are_the_sweep_keys_and_the_run_settings_a_sweep_may_set():
     assert SPEC_KEYS == own | {s.name for s in SETTINGS if s.info.sweep}
     # the keys of a sweep.json written by release 0.2.0, and those added since (a recorded spec without
     # one reads as its default: the same spec)
-    assert SPEC_KEYS == set(json.loads((FIXTURE / "sweep" / "sweep.json").read_text())) | {"shared_init"}
+    assert SPEC_KEYS == set(json.loads((FIXTURE / "sweep" / "sweep.json").read_text())) | {"shared_init", "compile_step"}
 
 
 def test_sweep_launch_has_a_flag_for_every_spec_key_but_tables_and_plugins():
@@ -77,8 +77,8 @@ def test_args_json_holds_the_recorded_settings_under_their_names(tmp_path):
     args = json.loads((tmp_path / "r" / "args.json").read_text())
     assert set(args) == {s.name for s in SETTINGS if s.info.recorded} | {"embedded_data", "resolved_precision"}
     # release 0.2.0's names, and the settings added since (absent from an older args.json: their default)
-    assert set(args) == set(json.loads((FIXTURE / "straight" / "args.json").read_text())) | {"shared_init",
-                                                                                            "linear_probe"}
+    assert set(args) == set(json.loads((FIXTURE / "straight" / "args.json").read_text())) | {
+        "shared_init", "linear_probe", "compile_step"}
     assert args["hparams"] == {"featurizer": "MLP", "mlp_width": 8}  # the overrides, as DomainBed records them
     assert args["steps"] == 1 and args["checkpoint_freq"] == 100 and args["eval_splits"] == "final"
 

@@ -65,6 +65,28 @@ def step_update(update: Update, algorithm: Algorithm, mode: str, device: torch.d
     return CompiledUpdate(update, algorithm, mode)
 
 
+class _ExpectedNotices(logging.Filter):
+    """Drops torch's notices about what an update does by design: `loss.item()` ends a graph (the update
+    returns Python floats), and the optimizer's profiler annotations are left out of the graphs."""
+
+    NOTICES = ("Graph break from `Tensor.item()`", "Profiler record function")
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).lstrip().startswith(self.NOTICES)
+
+
+_EXPECTED_NOTICES = _ExpectedNotices()
+# the loggers of torch's modules that emit those notices (once per process each)
+_NOTICE_LOGGERS = ("torch._dynamo.variables.tensor", "torch._dynamo.variables.ctx_manager")
+
+
+def _quiet_expected_notices() -> None:
+    for name in _NOTICE_LOGGERS:
+        logger = logging.getLogger(name)
+        if _EXPECTED_NOTICES not in logger.filters:
+            logger.addFilter(_EXPECTED_NOTICES)
+
+
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip()
     return f"{type(exc).__name__}: {text.splitlines()[0]}" if text else type(exc).__name__
@@ -82,6 +104,7 @@ class CompiledUpdate:
         self.mode = mode
         self.calls = 0
         self.compiled: Update | None = None
+        _quiet_expected_notices()
         try:
             self.compiled = torch.compile(update, dynamic=False,
                                           mode="reduce-overhead" if mode == CUDAGRAPHS else None)

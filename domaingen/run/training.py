@@ -189,12 +189,12 @@ class TrainConfig:
     compile_eval: bool | None = setting(None, kind=BOOL, optional=True, identity=NEVER,
                                         help="evaluate through torch.compile (faster; compiles once per run); "
                                              "default: $DOMAINGEN_COMPILE_EVAL=1 turns it on")
-    compile_step: str = setting(
-        OFF, kind=TEXT, sweep=True, identity=NEVER, choices=lambda: COMPILE_STEP_CHOICES,
+    compile_step: str | None = setting(
+        None, kind=TEXT, optional=True, sweep=True, identity=NEVER, choices=lambda: COMPILE_STEP_CHOICES,
         help="inductor: each training update through torch.compile (algorithms with static shapes; the others train "
              "eagerly after a warning saying why); cudagraphs: compiled and replayed as CUDA graphs (CUDA only); a "
-             "failed compilation warns and trains eagerly; like --device it does not change the run's identity "
-             "(domaingen.run.compiled_step)")
+             "failed compilation warns and trains eagerly; default: off, the eager update; like --device it does not "
+             "change the run's identity (domaingen.run.compiled_step)")
     eval_splits: str | None = setting(
         None, kind=TEXT, optional=True, sweep=True, identity=UNLESS, choices=lambda: EVAL_SPLITS,
         help="final (default for new runs): each checkpoint evaluates what model selection reads there (the "
@@ -365,6 +365,7 @@ def resolve(config: TrainConfig) -> ResolvedRun:
         checkpoint_freq=freq,
         data_dir=data_dir,
         compile_eval=compile_eval_default() if config.compile_eval is None else bool(config.compile_eval),
+        compile_step=config.compile_step or OFF,
         eval_splits=config.eval_splits or DEFAULT_EVAL_SPLITS,
         plugins=merge_specs([portable(s) for s in split_specs(config.plugins)], loaded_plugins()),
         loggers=check_logger_names(config.loggers),
