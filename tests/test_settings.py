@@ -62,8 +62,8 @@ def test_spec_keys_are_the_sweep_keys_and_the_run_settings_a_sweep_may_set():
     assert SPEC_KEYS == own | {s.name for s in SETTINGS if s.info.sweep}
     # the keys of a sweep.json written by release 0.2.0, and those added since (a recorded spec without
     # one reads as its default: the same spec)
-    assert SPEC_KEYS == set(json.loads((FIXTURE / "sweep" / "sweep.json").read_text())) | {"shared_init",
-                                                                                            "image_cache"}
+    assert SPEC_KEYS == set(json.loads((FIXTURE / "sweep" / "sweep.json").read_text())) | {
+        "shared_init", "image_cache", "compile_step"}
 
 
 def test_sweep_launch_has_a_flag_for_every_spec_key_but_tables_and_plugins():
@@ -78,9 +78,8 @@ def test_args_json_holds_the_recorded_settings_under_their_names(tmp_path):
     args = json.loads((tmp_path / "r" / "args.json").read_text())
     assert set(args) == {s.name for s in SETTINGS if s.info.recorded} | {"embedded_data", "resolved_precision"}
     # release 0.2.0's names, and the settings added since (absent from an older args.json: their default)
-    assert set(args) == set(json.loads((FIXTURE / "straight" / "args.json").read_text())) | {"shared_init",
-                                                                                            "linear_probe",
-                                                                                            "image_cache"}
+    assert set(args) == set(json.loads((FIXTURE / "straight" / "args.json").read_text())) | {
+        "shared_init", "linear_probe", "image_cache", "compile_step"}
     assert args["hparams"] == {"featurizer": "MLP", "mlp_width": 8}  # the overrides, as DomainBed records them
     assert args["steps"] == 1 and args["checkpoint_freq"] == 100 and args["eval_splits"] == "final"
 
@@ -98,7 +97,8 @@ def test_a_job_id_hashes_the_identity_settings_and_leaves_out_unless_values():
     assert {s.name for s in SETTINGS if s.info.identity == UNLESS} == {
         "in_domain_test", "eval_splits", "train_in_every", "protocol", "shared_init", "linear_probe", "image_cache"}
     assert {s.name for s in SETTINGS if s.info.identity == NEVER} == {
-        "output_dir", "data_dir", "device", "compile_eval", "plugins", "loggers", "time_budget"}
+        "output_dir", "data_dir", "device", "compile_eval", "compile_step", "plugins", "loggers",
+        "time_budget"}
 
 
 def test_train_takes_test_envs_with_commas_as_sweep_launch_does(tmp_path, capsys):

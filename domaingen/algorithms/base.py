@@ -21,6 +21,8 @@ ALGORITHMS: Registry[type["Algorithm"]] = Registry("algorithm")
 # DomainBed's train.py evaluates every split in batches of 64 (the last one short): what a
 # method whose predictions depend on the batch must use to follow its protocol
 DOMAINBED_EVAL_BATCH_SIZE = 64
+# why an update that declares nothing about compilation runs eagerly under --compile_step
+UNCHECKED_STEP = "its update is not declared static-shape (Algorithm.EAGER_STEP)"
 
 
 class Algorithm(nn.Module):
@@ -55,6 +57,9 @@ class Algorithm(nn.Module):
     # Why the method needs the dataset's class names (`set_class_names`); empty when it does not. A run of
     # a dataset without them is refused before it writes anything.
     NEEDS_CLASS_NAMES: ClassVar[str] = ""
+    # Why `update` runs eagerly under --compile_step (`eager_step_reason` says which class's counts); empty
+    # when the update has static shapes and compiles to the eager result up to rounding.
+    EAGER_STEP: ClassVar[str] = UNCHECKED_STEP
 
     def __init__(
         self, input_shape: Sequence[int], num_classes: int, num_domains: int, hparams: Mapping[str, Any]
@@ -235,6 +240,19 @@ def make_adam(params, hparams: Mapping[str, Any], lr: float | None = None) -> to
     if name == "adamw":
         return torch.optim.AdamW(params, lr=lr, weight_decay=decay)
     return torch.optim.Adam(params, lr=lr, weight_decay=decay)
+
+
+def eager_step_reason(cls: type[Algorithm]) -> str:
+    """Why `cls`'s update must run eagerly under --compile_step; '' when it may be compiled.
+
+    Read from the nearest class (in the MRO) that declares EAGER_STEP or defines `update`, so a
+    subclass or a modifier (X+ModReg, X+EMA) that overrides `update` is eager until it declares
+    its own EAGER_STEP, and a subclass can refuse the update it inherits (MMD from CORAL's).
+    """
+    for klass in cls.__mro__:
+        if "EAGER_STEP" in vars(klass) or "update" in vars(klass):
+            return str(vars(klass).get("EAGER_STEP", UNCHECKED_STEP))
+    return UNCHECKED_STEP
 
 
 class FeaturizerClassifier(Algorithm):

@@ -9,6 +9,8 @@ from domaingen.algorithms.base import ALGORITHMS, FeaturizerClassifier, Minibatc
 class ERM(FeaturizerClassifier):
     """Minimise the mean cross-entropy of the concatenated minibatches."""
 
+    EAGER_STEP = ""  # one concatenated batch of fixed size: static shapes
+
     def update(self, minibatches: Minibatches) -> dict[str, float]:
         x, y = concat(minibatches)
         loss = classification_loss(self.predict(x), y)

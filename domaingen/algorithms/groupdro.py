@@ -26,6 +26,7 @@ class GroupDRO(FeaturizerClassifier):
     HPARAMS = {
         "groupdro_eta": HParam(1e-2, log_uniform(-3, -1), "step size of the exponentiated-gradient ascent on q"),
     }
+    EAGER_STEP = ""  # one fixed-size minibatch per domain; q is a buffer updated in place: static shapes
 
     def __init__(self, input_shape, num_classes, num_domains, hparams) -> None:
         super().__init__(input_shape, num_classes, num_domains, hparams)

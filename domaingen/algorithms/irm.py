@@ -43,6 +43,8 @@ class IRM(AnnealedPenalty):
     }
     LAMBDA_KEY = "irm_lambda"
     ANNEAL_KEY = "irm_penalty_anneal_iters"
+    EAGER_STEP = ("its penalty is a gradient that the loss differentiates again (double backward), which "
+                  "torch.compile does not support")
 
     def __init__(self, input_shape, num_classes, num_domains, hparams) -> None:
         super().__init__(input_shape, num_classes, num_domains, hparams)

@@ -1,6 +1,6 @@
 """`make bench`: the speed and memory figures the issues ask for (not timed assertions).
 
-Run with DOMAINGEN_DATA pointing at real MNIST: python -m domaingen.bench [--only training|floor|fullrun|jobs|bookkeeping|overhead|images|loader|dmg|report|diagnose|batching|peer --peer DIR|gpujobs --jobs_per_gpu K|gpu [--peer DIR] ...]
+Run with DOMAINGEN_DATA pointing at real MNIST: python -m domaingen.bench [--only training|floor|fullrun|jobs|bookkeeping|overhead|images|loader|dmg|report|diagnose|batching|compile|peer --peer DIR|gpujobs --jobs_per_gpu K|gpu [--peer DIR] ...]
 
 `fullrun` and `jobs` compare this tree with a baseline commit (--baseline, default main or,
 where main already has issue 17's change, the commit before it) measured in the same run
@@ -710,7 +710,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--skip_fp32_eval", action="store_true", help="the fp32 evaluation takes minutes on 2 cores")
     parser.add_argument("--only", choices=["training", "floor", "fullrun", "jobs", "bookkeeping", "overhead", "images",
-                                           "dmg", "report", "diagnose", "peer", "batching", "gpujobs", "loader", "gpu"],
+                                           "dmg", "report", "diagnose", "peer", "batching", "gpujobs", "loader", "compile",
+                                           "gpu"],
                         default=None,
                         help="one section (default: all but peer, gpujobs and gpu)")
     parser.add_argument("--peer", default=None, metavar="DIR",
@@ -736,8 +737,8 @@ def main(argv: list[str] | None = None) -> int:
                              "registered one, a row each")
     parser.add_argument("--base", default="ERM")
     parser.add_argument("--precisions", nargs="+", choices=PRECISIONS, default=list(PRECISIONS),
-                        help="overhead: the precisions to step in (bf16 on a CPU without native bf16 is emulated "
-                             "and slow: fp32 alone there)")
+                        help="overhead, compile: the precisions to step in (bf16 on a CPU without native bf16 is "
+                             "emulated and slow: fp32 alone there)")
     parser.add_argument("--overhead_settings", nargs="+", choices=list(OVERHEAD_SETTINGS), default=list(OVERHEAD_SETTINGS),
                         help="overhead: the models and batch sizes to compare the steps in")
     parser.add_argument("--workers", type=int, default=2, help="images: DataLoader workers to measure")
@@ -828,6 +829,11 @@ def main(argv: list[str] | None = None) -> int:
         rows += bench_report()
     if ns.only in (None, "diagnose"):
         rows += bench_diagnose(data_dir)
+    if ns.only in (None, "compile"):
+        from domaingen.bench.compiled import bench_compiled_step
+
+        for precision in ns.precisions:
+            rows += bench_compiled_step(ns.steps, ns.algorithm, precision=precision)
     if ns.only in (None, "batching"):
         from domaingen.bench.batching import bench_batching
 

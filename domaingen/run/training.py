@@ -43,6 +43,7 @@ from domaingen.run.eval_plan import (
     null_fields,
     planned_splits,
 )
+from domaingen.run.compiled_step import COMPILE_STEP_CHOICES, OFF, step_update
 from domaingen.run.evaluation import (CompiledPredict, autocast_context, eval_batch_size, evaluate, training_domains,
                                       validation_loss)
 from domaingen.hparams import HParamError, apply_overrides, draw_hparams, parse_overrides, run_space, seed_hash
@@ -198,6 +199,12 @@ class TrainConfig:
     compile_eval: bool | None = setting(None, kind=BOOL, optional=True, identity=NEVER,
                                         help="evaluate through torch.compile (faster; compiles once per run); "
                                              "default: $DOMAINGEN_COMPILE_EVAL=1 turns it on")
+    compile_step: str | None = setting(
+        None, kind=TEXT, optional=True, sweep=True, identity=NEVER, choices=lambda: COMPILE_STEP_CHOICES,
+        help="inductor: each training update through torch.compile (algorithms with static shapes; the others train "
+             "eagerly after a warning saying why); cudagraphs: compiled and replayed as CUDA graphs (CUDA only); a "
+             "failed compilation warns and trains eagerly; default: off, the eager update; like --device it does not "
+             "change the run's identity (domaingen.run.compiled_step)")
     eval_splits: str | None = setting(
         None, kind=TEXT, optional=True, sweep=True, identity=UNLESS, choices=lambda: EVAL_SPLITS,
         help="final (default for new runs): each checkpoint evaluates what model selection reads there (the "
@@ -369,6 +376,7 @@ def resolve(config: TrainConfig) -> ResolvedRun:
         data_dir=data_dir,
         compile_eval=compile_eval_default() if config.compile_eval is None else bool(config.compile_eval),
         image_cache=config.image_cache or None,  # false records as the default: the same run
+        compile_step=config.compile_step or OFF,
         eval_splits=config.eval_splits or DEFAULT_EVAL_SPLITS,
         plugins=merge_specs([portable(s) for s in split_specs(config.plugins)], loaded_plugins()),
         loggers=check_logger_names(config.loggers),
@@ -652,6 +660,7 @@ def _steps(run: ResolvedRun, dataset: MultiDomainDataset, device: torch.device, 
     pending: dict[str, list[float]] = {}
     interval_started = time.monotonic()
     update = functools.partial(linear_probe_update, algorithm) if settings.linear_probe else algorithm.update
+    update = step_update(update, algorithm, settings.compile_step, device)
     init_fields = {INIT_FIELD: run.shared_init_id} if run.shared_init_id else {}
     # the first record of this call: how long the job took to reach its first step
     startup = {"startup_time": time.perf_counter() - started} if started is not None else {}

@@ -35,6 +35,7 @@ from domaingen.run.settings import (
     BOOL,
     INT,
     NAMES,
+    NEVER,
     Kind,
     as_field,
     check_value,
@@ -417,9 +418,12 @@ def prepare_sweep_dir(sweep_dir: str | os.PathLike, spec: SweepSpec, force: bool
             f"{path} holds a sweep of protocol {recorded['protocol']!r}, not {wanted['protocol']!r}; "
             f"relaunch it with --protocol {recorded['protocol']}, or use another --output_dir"
         )
-    # a key the recorded spec lacks reads as None, the key's default: the same spec;
-    # the plugins loaded may differ between launches (an entry point installed since); they accumulate
-    changed = sorted(k for k in set(recorded or {}) | set(wanted) if k != "plugins" and (recorded or {}).get(k) != wanted.get(k))
+    # a key the recorded spec lacks reads as None, the key's default: the same spec; the settings that
+    # change no job id (plugins, compile_step) may differ between launches: the plugins loaded (an entry
+    # point installed since) accumulate, the others are the latest launch's
+    free = {item.name for item in SWEEP_SETTINGS if item.info.identity == NEVER}
+    changed = sorted(k for k in set(recorded or {}) | set(wanted)
+                     if k not in free and (recorded or {}).get(k) != wanted.get(k))
     if recorded is not None and changed and not force:
         detail = "; ".join(f"{k}: {recorded.get(k)!r} there, {wanted.get(k)!r} now" for k in changed)
         raise DomaingenError(
