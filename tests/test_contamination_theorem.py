@@ -199,3 +199,20 @@ def test_fixed_head_must_be_a_boolean(tmp_path, capsys):
                  "--steps", "2", "--hparams", '{"fc_fixed_head": "yes"}', "--output_dir", str(out)])
     assert code == 2 and not out.exists()
     assert capsys.readouterr().err.strip().splitlines() == ["domaingen: error: fc_fixed_head must be true or false, got 'yes'"]
+
+
+def test_theorem_spec_runs_the_theorems_setting_in_every_part():
+    from pathlib import Path
+
+    from domaingen.sweep.spec import build_jobs, load_spec
+
+    jobs = build_jobs(load_spec(Path(__file__).resolve().parents[1] / "sweeps" / "contamination_theorem.toml"))
+    assert len(jobs) == 11 * 3 and {job.args["algorithm"] for job in jobs} == {"ERM"}
+    for job in jobs:
+        hp = job.args["hparams"]
+        assert hp["fc_fixed_head"] is True and hp["full_batch"] is True and hp["optimizer"] == "sgd"
+        assert hp["sgd_momentum"] == 0.0 and hp["weight_decay"] == 0.001 and job.args["steps"] == 2001
+    hinge = {job.args["hparams"]["activation"] for job in jobs if job.args["hparams"]["fc_loss"] == "hinge"}
+    assert hinge == {"relu", "identity", "gelu", "tanh", "sigmoid"}
+    logistic = {job.args["hparams"]["activation"] for job in jobs if job.args["hparams"]["fc_loss"] == "logistic"}
+    assert logistic == {"relu", "identity"}

@@ -25,6 +25,13 @@ projections onto the core and background subspaces (the paper's measure, see
 `subspace_projections`). The probe sets draw fresh core coefficients (the code reuses the
 training ones); s = 0 is the in-distribution probe.
 
+The setting of the paper's theorem (Section 4) is a choice of hyperparameters, beside the
+paper-code setting (trained head, cross-entropy) that stays the default: `fc_fixed_head` fixes
+TwoLayer's output layer to +-1/m per hidden neuron (the first half of the neurons class 1's, the
+rest class 0's) and leaves it untrained, `fc_loss` picks the logistic or the hinge loss on one
+output logit, with `full_batch`, `optimizer = "sgd"`, `sgd_momentum = 0` and `weight_decay`
+(`sweeps/contamination_theorem.toml`). Only ERM reads them; another algorithm is refused.
+
 Why the probes are not held-out environments: a table's column is a run holding out that
 one environment and training on all the others, so shifted environments would be trained
 on in every column but one; the paper's experiment trains on in-distribution data only.
