@@ -252,3 +252,14 @@ def apply_overrides(
                 raise HParamError(f"hyperparameter '{name}' must be a finite number, got {value!r}")
         merged[name] = value
     return merged
+
+
+# The values of `fc_loss` (declared by FeatureContamination for the setting of Zhang et al.'s theorem,
+# read by algorithms.base): the logistic and hinge losses read one output logit.
+LOSSES = ("cross_entropy", "logistic", "hinge")
+ONE_LOGIT_LOSSES = ("logistic", "hinge")
+
+
+def loss_name(hparams: Mapping[str, Any]) -> str:
+    """The `fc_loss` hyperparameter in lower case (cross_entropy when absent)."""
+    return str(hparams.get("fc_loss", "cross_entropy")).strip().lower()

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from domaingen.errors import DomaingenError
-from domaingen.hparams import HParam
+from domaingen.hparams import ONE_LOGIT_LOSSES, HParam, loss_name
 from domaingen.masks.weight_masks import weight_mask_logits
 from domaingen.networks import build_classifier, build_featurizer
 from domaingen.registry import Registry
@@ -264,7 +264,7 @@ class FeaturizerClassifier(Algorithm):
         self.classifier = build_classifier(
             self.featurizer.n_outputs,
             num_classes,
-            single_logit=bool(self.hparams.get("single_logit", False)),
+            single_logit=bool(self.hparams.get("single_logit", False)) or loss_name(self.hparams) in ONE_LOGIT_LOSSES,
             init=getattr(self.featurizer, "head_init", "default"),
             included=bool(getattr(self.featurizer, "includes_head", False)),
         )
@@ -280,6 +280,11 @@ class FeaturizerClassifier(Algorithm):
 
     def predict(self, x: torch.Tensor, domain: int | torch.Tensor | None = None) -> torch.Tensor:
         return self.network(x)
+
+    def classification_objective(self, logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """The mean loss the run's `fc_loss` hyperparameter names (`binary_loss`); without one,
+        `classification_loss`."""
+        return binary_loss(logits, y, loss_name(self.hparams))
 
     def l2_penalty(self, module: nn.Module | None = None) -> torch.Tensor | float:
         """l2_weight * the squared norm of `module`'s weights and biases (default: the network).
@@ -321,6 +326,18 @@ def classification_loss(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     if logits.shape[1] == 1:
         return F.binary_cross_entropy_with_logits(logits[:, 0], y.to(logits.dtype))
     return F.cross_entropy(logits, y)
+
+
+def binary_loss(logits: torch.Tensor, y: torch.Tensor, name: str = "cross_entropy") -> torch.Tensor:
+    """Mean loss `name` of `logits` against labels y. hinge: mean max(0, 1 - (2y - 1) z) of the one
+    logit z; logistic and cross_entropy: `classification_loss` (logistic for one logit column)."""
+    if name == "hinge":
+        if logits.shape[1] != 1:
+            raise DomaingenError(f"the hinge loss reads one logit, got {logits.shape[1]}; set fc_loss hinge before "
+                                 "the model is built")
+        margin = (2.0 * y.to(logits.dtype) - 1.0) * logits[:, 0]
+        return (1.0 - margin).clamp(min=0).mean()
+    return classification_loss(logits, y)
 
 
 def concat(minibatches: Minibatches) -> tuple[torch.Tensor, torch.Tensor]:

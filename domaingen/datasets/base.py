@@ -132,6 +132,11 @@ class MultiDomainDataset:
         return space
 
     @classmethod
+    def check_hparams(cls, hparams: Mapping[str, Any], algorithm: str) -> None:
+        """Raise DomaingenError for dataset hyperparameter values a run of `algorithm` cannot use
+        (called before a run writes anything, and when a sweep spec is read); nothing by default."""
+
+    @classmethod
     def environment_index(cls, token: int | str) -> int:
         """The index of one environment given by index (2, "2") or by name ("-90%", any case).
 

@@ -25,6 +25,13 @@ projections onto the core and background subspaces (the paper's measure, see
 `subspace_projections`). The probe sets draw fresh core coefficients (the code reuses the
 training ones); s = 0 is the in-distribution probe.
 
+The setting of the paper's theorem (Section 4) is a choice of hyperparameters, beside the
+paper-code setting (trained head, cross-entropy) that stays the default: `fc_fixed_head` fixes
+TwoLayer's output layer to +-1/m per hidden neuron (the first half of the neurons class 1's, the
+rest class 0's) and leaves it untrained, `fc_loss` picks the logistic or the hinge loss on one
+output logit, with `full_batch`, `optimizer = "sgd"`, `sgd_momentum = 0` and `weight_decay`
+(`sweeps/contamination_theorem.toml`). Only ERM reads them; another algorithm is refused.
+
 Why the probes are not held-out environments: a table's column is a run holding out that
 one environment and training on all the others, so shifted environments would be trained
 on in every column but one; the paper's experiment trains on in-distribution data only.
@@ -45,7 +52,7 @@ import torch.nn.functional as F
 
 from domaingen.datasets.base import DATASETS, Environment, MultiDomainDataset
 from domaingen.errors import DomaingenError
-from domaingen.hparams import HParam, int_pow2_uniform, log_uniform
+from domaingen.hparams import LOSSES, HParam, int_pow2_uniform, log_uniform, loss_name
 
 CORE_KINDS = ("sign", "radial")
 FIELD_PREFIX = "fc_"
@@ -62,6 +69,10 @@ CONTAMINATION_HPARAMS: dict[str, HParam] = {
     "mlp_width": HParam(256, help="hidden width (the paper's code: 256)"),
     "mlp_depth": HParam(3, help="MLP featurizer depth (linear layers), when featurizer is MLP"),
     "mlp_dropout": HParam(0.0, help="MLP featurizer dropout, when featurizer is MLP"),
+    "fc_fixed_head": HParam(False, help="the theorem's output layer: TwoLayer's head fixed to +-1/m per neuron "
+                                        "(half the neurons per class), not trained (ERM only)"),
+    "fc_loss": HParam("cross_entropy", help="cross_entropy (the paper's code), or logistic or hinge on one output "
+                                            "logit (the theorem's; ERM only)"),
 }
 
 
@@ -152,6 +163,27 @@ class FeatureContaminationBase(MultiDomainDataset):
         return super().resolve_test_envs(tokens)
 
     @classmethod
+    def check_hparams(cls, hparams: Mapping[str, Any], algorithm: str) -> None:
+        """Refuse, in one line, an unknown `fc_loss`, a fixed head on another featurizer than TwoLayer
+        or narrower than 2, and the theorem's setting (`fc_loss`, `fc_fixed_head`) with another
+        algorithm than ERM, whose objective is the only one that reads them."""
+        if loss_name(hparams) not in LOSSES:
+            raise DomaingenError(f"unknown fc_loss '{hparams.get('fc_loss')}'; valid losses: {', '.join(LOSSES)}")
+        fixed = hparams.get("fc_fixed_head", False)
+        if not isinstance(fixed, bool):
+            raise DomaingenError(f"fc_fixed_head must be true or false, got {fixed!r}")
+        featurizer = str(hparams.get("featurizer", "TwoLayer"))
+        if fixed and featurizer != "TwoLayer":
+            raise DomaingenError(f"fc_fixed_head fixes TwoLayer's output layer, but the featurizer is {featurizer}; "
+                                 "set featurizer TwoLayer or fc_fixed_head false")
+        if fixed and int(hparams.get("mlp_width", 256)) < 2:
+            raise DomaingenError(f"fc_fixed_head gives each class half the hidden neurons, but mlp_width is "
+                                 f"{hparams.get('mlp_width')}; set mlp_width 2 or more")
+        if (fixed or loss_name(hparams) != "cross_entropy") and algorithm != "ERM":
+            raise DomaingenError(f"fc_loss and fc_fixed_head set the theorem's setting for ERM only, but the algorithm "
+                                 f"is {algorithm}; use ERM or leave fc_loss cross_entropy and fc_fixed_head false")
+
+    @classmethod
     def describe(cls) -> str:
         """The generator and its parameters (the `data_source` of every record)."""
         shifts = ",".join(shift_label(s) for s in cls.TRAIN_SHIFTS)
@@ -197,6 +229,11 @@ class FeatureContaminationBase(MultiDomainDataset):
         `projection_ratio` (background / core), `id_risk` and `ood_risk` (cross-entropy on the
         probe at the smallest and the largest shift), and per probe shift s, `risk_s<s>` and
         `acc_s<s>`. A model without a linear layer reading the DIM inputs gets no projections.
+        On the smallest shift's probe, Theorem 4.1's class-activation asymmetry
+        (`class_asymmetry_fields`): `activation_own` and `activation_other`, a hidden neuron's
+        mean activation on the class its output weight favours and on the other class (averaged
+        over neurons), `activation_asymmetry` (own - other) and `slope_asymmetry` (the same for
+        the activation's slope); only for a TwoLayer featurizer with a linear head.
         """
         fields: dict[str, float] = {}
         weight = first_layer_weight(model, self.DIM)
@@ -204,6 +241,9 @@ class FeatureContaminationBase(MultiDomainDataset):
             core, background = subspace_projections(weight, self.core_basis, self.background_basis)
             fields.update(core_projection=core, background_projection=background,
                           projection_ratio=background / core if core > 0 else math.inf)
+        if self.PROBE_SHIFTS:
+            x, y = self.probes[min(self.PROBE_SHIFTS)]
+            fields.update(class_asymmetry_fields(model, x, y, device))
         risks = {}
         for shift, (x, y) in self.probes.items():
             risk, acc = probe_risk(model, x, y, device)
@@ -240,6 +280,81 @@ def first_layer_weight(model: torch.nn.Module, n_inputs: int) -> torch.Tensor | 
                 weight = weight * (logits.detach() > 0)
             return weight.float().cpu()
     return None
+
+
+def neuron_classes(head: torch.nn.Module, width: int) -> torch.Tensor | None:
+    """Per hidden neuron, the class its output weight favours (1 or 0; -1 for a zero weight), read
+    from a linear `head` on `width` features: one logit, the sign of its weight; two logits, the
+    sign of w_1 - w_0. A weight-masked head counts its kept weights. None for another head."""
+    if not isinstance(head, torch.nn.Linear) or head.in_features != width or head.out_features not in (1, 2):
+        return None
+    weight = head.weight.detach().float()
+    logits = getattr(head, "mask_logits", None)
+    if isinstance(logits, torch.Tensor) and logits.shape == weight.shape:
+        weight = weight * (logits.detach() > 0)
+    favour = weight[0] if head.out_features == 1 else weight[1] - weight[0]
+    return torch.where(favour > 0, 1, torch.where(favour < 0, 0, -1)).cpu()
+
+
+def is_two_layer(module: Any) -> bool:
+    """Whether `module` is shaped as the TwoLayer featurizer: `flatten`, a linear `hidden` layer, an
+    activation `act`, `n_outputs` (read by shape, as datasets import no network code)."""
+    return (isinstance(module, torch.nn.Module) and isinstance(getattr(module, "hidden", None), torch.nn.Linear)
+            and isinstance(getattr(module, "act", None), torch.nn.Module)
+            and isinstance(getattr(module, "flatten", None), torch.nn.Module)
+            and getattr(module, "n_outputs", None) == module.hidden.out_features)
+
+
+def hidden_with_slopes(layer: torch.nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(activations, slopes) of TwoLayer's hidden neurons on x: sigma(h) and sigma'(h) at the
+    pre-activation h (the slope by autograd of the elementwise activation), both [examples, neurons]."""
+    with torch.no_grad():
+        pre = layer.hidden(layer.flatten(x))
+    with torch.enable_grad():
+        pre = pre.detach().requires_grad_(True)
+        out = layer.act(pre)
+        slope = torch.autograd.grad(out.sum(), pre)[0] if out.requires_grad else torch.ones_like(pre)
+    return out.detach(), slope.detach()
+
+
+def activation_by_class(hidden: torch.Tensor, labels: torch.Tensor, classes: torch.Tensor) -> tuple[float, float]:
+    """(own, other): over neurons j with a class c_j (not -1), the mean of neuron j's activation over
+    the examples of class c_j, and over the examples of the other class; `hidden` is [examples, neurons]."""
+    hidden = hidden.double()
+    mean = {c: hidden[labels == c].mean(0) for c in (0, 1)}
+    kept = classes >= 0
+    own = torch.where(classes == 1, mean[1], mean[0])[kept]
+    other = torch.where(classes == 1, mean[0], mean[1])[kept]
+    return float(own.mean()), float(other.mean())
+
+
+def class_asymmetry_fields(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor,
+                           device: torch.device) -> dict[str, float]:
+    """Theorem 4.1's class-activation asymmetry of the model's TwoLayer neurons on (x, y), neurons
+    classed by its linear head (`neuron_classes`), in eval mode; {} for another model.
+
+    `activation_own`, `activation_other` (`activation_by_class` of sigma(h)) and
+    `activation_asymmetry` = own - other; `slope_asymmetry`: the same difference for sigma'(h),
+    the factor by which an example enters its neuron's gradient. The background gradient of a
+    neuron is, up to its output weight, the background mean times this slope difference, so it
+    is 0 for the linear network (slope 1 on both classes) whatever its activation asymmetry.
+    """
+    featurizer, head = getattr(model, "featurizer", None), getattr(model, "classifier", None)
+    if not is_two_layer(featurizer):
+        return {}
+    classes = neuron_classes(head, featurizer.n_outputs)
+    if classes is None or not bool((classes >= 0).any()):
+        return {}
+    was_training = model.training
+    model.eval()
+    try:
+        hidden, slope = hidden_with_slopes(featurizer, x.to(device))
+    finally:
+        model.train(was_training)
+    own, other = activation_by_class(hidden.float().cpu(), y, classes)
+    slope_own, slope_other = activation_by_class(slope.float().cpu(), y, classes)
+    return {"activation_own": own, "activation_other": other, "activation_asymmetry": own - other,
+            "slope_asymmetry": slope_own - slope_other}
 
 
 def subspace_projections(weight: torch.Tensor, core: torch.Tensor, background: torch.Tensor) -> tuple[float, float]:

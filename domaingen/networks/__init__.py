@@ -354,7 +354,10 @@ def _mlp(input_shape: Sequence[int], hparams: Mapping[str, Any]) -> nn.Module:
 
 @FEATURIZERS.register("TwoLayer")
 def _two_layer(input_shape: Sequence[int], hparams: Mapping[str, Any]) -> nn.Module:
-    return TwoLayer(math.prod(input_shape), int(hparams.get("mlp_width", 256)), str(hparams.get("activation", "relu")))
+    module = TwoLayer(math.prod(input_shape), int(hparams.get("mlp_width", 256)), str(hparams.get("activation", "relu")))
+    if as_bool(hparams.get("fc_fixed_head", False), "fc_fixed_head"):
+        module.head_init = "fixed"  # the theorem's output layer: fixed +-1/m, not trained
+    return module
 
 
 @FEATURIZERS.register("DigitMLP")
@@ -434,7 +437,8 @@ def build_classifier(n_features: int, num_classes: int, single_logit: bool = Fal
                      included: bool = False) -> nn.Module:
     """A linear classifier head; a binary task may use one logit (class 1 when it is > 0).
 
-    `init` is "default" (torch's) or "xavier" (Xavier-uniform weights, zero bias). `included`:
+    `init` is "default" (torch's), "xavier" (Xavier-uniform weights, zero bias) or "fixed" (the
+    untrained output layer of Zhang et al.'s theorem, `fix_theorem_head`). `included`:
     the featurizer ends in its own head (`includes_head`, DigitMLP), whose `n_features` outputs
     are the class scores; the head is then the identity.
     """
@@ -448,7 +452,38 @@ def build_classifier(n_features: int, num_classes: int, single_logit: bool = Fal
     head = nn.Linear(n_features, 1 if single_logit else num_classes)
     if init == "xavier":
         _xavier(head)
+    if init == "fixed":
+        fix_theorem_head(head)
     return head
+
+
+def theorem_head_signs(width: int) -> torch.Tensor:
+    """Each hidden neuron's output sign in the theorem's fixed head: +1 for the first ceil(width / 2)
+    neurons (class 1's), -1 for the others (class 0's)."""
+    signs = -torch.ones(width)
+    signs[: (width + 1) // 2] = 1.0
+    return signs
+
+
+def fix_theorem_head(head: nn.Linear) -> None:
+    """Set `head` to the fixed output layer of Zhang et al.'s theorem and exclude it from training.
+
+    Neuron j's output weight is a_j = sign_j / m (m the width, signs from `theorem_head_signs`),
+    the bias is 0. One logit: the logit is sum_j a_j h_j. Two logits (cross-entropy): class c's
+    logit sums 1/m times class c's neurons, so logit_1 - logit_0 is the same sum.
+    """
+    if head.out_features not in (1, 2):
+        raise DomaingenError(f"the theorem's fixed output layer is binary, but the head has {head.out_features} "
+                             "outputs; use a two-class dataset")
+    signs = theorem_head_signs(head.in_features)
+    scale = 1.0 / head.in_features
+    with torch.no_grad():
+        if head.out_features == 1:
+            head.weight.copy_(scale * signs.unsqueeze(0))
+        else:
+            head.weight.copy_(scale * torch.stack([(signs < 0).float(), (signs > 0).float()]))
+        head.bias.zero_()
+    head.requires_grad_(False)
 
 
 # --- context networks (ARM): x -> a per-example context, averaged over a support set ---

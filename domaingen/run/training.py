@@ -350,6 +350,7 @@ def resolve(config: TrainConfig) -> ResolvedRun:
     except HParamError as exc:
         raise HParamError(f"{exc} (from --hparams)") from None
     algorithm_cls.check_hparams(hparams)
+    dataset_cls.check_hparams(hparams, config.algorithm)
     check_backbone(hparams)
     check_optimizer(hparams)
     if getattr(algorithm_cls, "NEEDS_VALIDATION", False) and config.holdout_fraction == 0:

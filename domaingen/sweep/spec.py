@@ -249,6 +249,10 @@ def _check_overrides(spec: SweepSpec, source: str) -> None:
             ALGORITHMS.get(algorithm).check_hparams({**defaults, **overrides})
         except DomaingenError as exc:
             raise SpecError(f"{source}: {algorithm}: {exc}") from None
+        try:
+            DATASETS.get(dataset).check_hparams({**defaults, **overrides}, algorithm)
+        except DomaingenError as exc:
+            raise SpecError(f"{source}: {algorithm} on {dataset}: {exc}") from None
         for envs in _resolved_sets(spec, dataset, source) if spec.test_envs is not None else []:
             algorithm_cls = ALGORITHMS.get(algorithm)
             n_train = len(DATASETS.get(dataset).ENVIRONMENTS) - len(envs)
