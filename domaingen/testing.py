@@ -41,6 +41,8 @@ __all__ = [
 
 INPUT_SHAPES: list[tuple[int, ...]] = [(2, 28, 28), (1, 28, 28), (2, 14, 14), (64,)]
 NUM_DOMAINS = 3
+# record fields that differ between two runs of the same job (timings, memory, the args with its paths)
+VOLATILE_FIELDS = frozenset({"step_time", "eval_time", "startup_time", "mem_gb", "args"})
 CHECK_ENV_VAR = "DOMAINGEN_CHECK_ALGORITHMS"
 
 

@@ -19,6 +19,7 @@ from domaingen.errors import DomaingenError
 from domaingen.hparams import draw_hparams, run_space
 from domaingen.run.rundir import RunDirectory
 from domaingen.run.training import TrainConfig, resolve, train
+from domaingen.testing import VOLATILE_FIELDS
 from test_algorithms_generic import build, default_hparams, separable_batches
 from test_algorithms_specific import ce_grad_wrt_scale
 
@@ -268,7 +269,6 @@ RESUME_HPARAMS = {
     "IB_IRM": {"ib_penalty_anneal_iters": 4, "irm_penalty_anneal_iters": 5},
     "RDM": {"rdm_penalty_anneal_iters": 4, "rdm_lr": 1e-3},
 }
-VOLATILE = {"step_time", "eval_time", "startup_time", "mem_gb", "args"}
 
 
 def config(out, name) -> TrainConfig:
@@ -294,7 +294,7 @@ def test_resumed_run_equals_uninterrupted_run(name, tmp_path, monkeypatch):
     train(config(tmp_path / "resumed", name))
 
     def stable(path):
-        return [{k: v for k, v in r.items() if k not in VOLATILE} for r in RunDirectory(path).records()]
+        return [{k: v for k, v in r.items() if k not in VOLATILE_FIELDS} for r in RunDirectory(path).records()]
 
     assert [r["step"] for r in stable(tmp_path / "resumed")] == [0, 3, 6, 7]
     assert stable(tmp_path / "resumed") == stable(tmp_path / "straight")

@@ -15,7 +15,7 @@ from domaingen.errors import DomaingenError
 from domaingen.networks import FEATURIZERS
 from domaingen.run import training
 from domaingen.run.training import TrainConfig, resolve, train
-from domaingen.testing import build as build_generic
+from domaingen.testing import build as build_generic, VOLATILE_FIELDS
 from domaingen.testing import separable_batches
 from imagetree import make_folder_tree
 
@@ -268,7 +268,7 @@ def test_records_say_which_weights_and_resume_equals_an_uninterrupted_run(data_d
         train(config(tmp_path / "resumed", data_dir))
     monkeypatch.setattr(training, "evaluate", real)
     resumed = train(config(tmp_path / "resumed", data_dir)).records
-    drop = {"step_time", "eval_time", "startup_time", "mem_gb", "args"}
+    drop = VOLATILE_FIELDS
     assert [{k: v for k, v in r.items() if k not in drop} for r in resumed] == \
         [{k: v for k, v in r.items() if k not in drop} for r in straight]
     a = torch.load(tmp_path / "straight" / "checkpoint.pt", weights_only=False)

@@ -20,6 +20,7 @@ from domaingen.datasets import DATASETS
 from domaingen.errors import DomaingenError
 from domaingen.hparams import draw_hparams, run_space
 from domaingen.run.training import TrainConfig, train
+from domaingen.testing import VOLATILE_FIELDS
 from test_algorithms_generic import build, separable_batches
 
 NAMES = ["ANDMask", "IGA", "Fishr", "TRM", "Transfer"]
@@ -473,7 +474,7 @@ def test_an_interrupted_run_resumes_to_the_same_records(name, tmp_path, monkeypa
         train(config(tmp_path / "resumed"))
     monkeypatch.setattr(training, "evaluate", real)
     resumed = train(config(tmp_path / "resumed")).records
-    drop = {"step_time", "eval_time", "startup_time", "mem_gb", "args"}
+    drop = VOLATILE_FIELDS
     assert [{k: v for k, v in r.items() if k not in drop} for r in resumed] == \
         [{k: v for k, v in r.items() if k not in drop} for r in straight]
     saved = torch.load(tmp_path / "resumed" / "checkpoint.pt", weights_only=False)["algorithm"]

@@ -22,7 +22,7 @@ from domaingen.datasets import DATASETS
 from domaingen.errors import DomaingenError
 from domaingen.hparams import draw_hparams, run_space
 from domaingen.run.rundir import RunDirectory
-from domaingen.testing import default_hparams, separable_batches
+from domaingen.testing import default_hparams, separable_batches, VOLATILE_FIELDS
 from domaingen.run.training import TrainConfig, train
 
 NAMES = ["CORAL", "MMD", "CausIRL_CORAL", "CausIRL_MMD", "MTL", "SelfReg", "CAD", "CondCAD"]
@@ -453,7 +453,7 @@ def test_interrupted_run_resumes_exactly(tmp_path, monkeypatch, name, hparams):
     monkeypatch.setattr(training, "evaluate", real_evaluate)
     assert [r["step"] for r in RunDirectory(tmp_path / "resumed").records()] == [0, 3]
     train(config(tmp_path / "resumed", name, **hparams))
-    volatile = {"step_time", "eval_time", "startup_time", "mem_gb", "args"}
+    volatile = VOLATILE_FIELDS
     strip = lambda records: [{k: v for k, v in r.items() if k not in volatile} for r in records]  # noqa: E731
     assert strip(RunDirectory(tmp_path / "resumed").records()) == strip(RunDirectory(tmp_path / "straight").records())
 

@@ -20,6 +20,7 @@ from domaingen.errors import DomaingenError
 from domaingen.hparams import draw_hparams, run_space
 from domaingen.run.rundir import RunDirectory
 from domaingen.run.training import TrainConfig, train
+from domaingen.testing import VOLATILE_FIELDS
 from test_algorithms_generic import build, default_hparams, separable_batches
 
 FLAT = (6,)
@@ -451,7 +452,7 @@ def test_an_interrupted_run_resumes_to_the_same_records(tmp_path, monkeypatch, n
         train(resume_config(tmp_path / "resumed", name))
     monkeypatch.setattr(training, "evaluate", real_evaluate)
     train(resume_config(tmp_path / "resumed", name))
-    drop = {"step_time", "eval_time", "startup_time", "mem_gb", "args"}
+    drop = VOLATILE_FIELDS
     stable = lambda records: [{k: v for k, v in r.items() if k not in drop} for r in records]
     straight = RunDirectory(tmp_path / "straight").records()
     assert [r["step"] for r in straight] == [0, 3, 6]

@@ -14,6 +14,7 @@ from domaingen.run import training
 from domaingen.run.reload import evaluate_run, load_run
 from domaingen.run.rundir import RunDirectory
 from domaingen.run.training import TrainConfig, train
+from domaingen.testing import VOLATILE_FIELDS
 from imagetree import make_folder_tree
 
 HP = {"lr": 1e-2, "weight_decay": 0.0, "batch_size": 8, "featurizer": "MLP", "mlp_width": 8, "mlp_depth": 3,
@@ -140,7 +141,7 @@ def test_resume_restores_the_average_exactly(data_dir, tmp_path, monkeypatch, al
         train(config(tmp_path / "resumed", data_dir, algorithm))
     monkeypatch.setattr(training, "evaluate", real)
     resumed = train(config(tmp_path / "resumed", data_dir, algorithm)).records
-    drop = {"step_time", "eval_time", "startup_time", "mem_gb", "args"}
+    drop = VOLATILE_FIELDS
     assert [{k: v for k, v in r.items() if k not in drop} for r in resumed] == \
         [{k: v for k, v in r.items() if k not in drop} for r in straight]
     a = torch.load(tmp_path / "straight" / "selected.pt", weights_only=False)["model"]

@@ -27,6 +27,7 @@ from domaingen.hparams import draw_hparams
 from domaingen.run.compiled_step import CompiledUpdate, step_update
 from domaingen.run.rundir import RunDirectory
 from domaingen.run.training import TrainConfig, resolve, train
+from domaingen.testing import VOLATILE_FIELDS
 
 FALLBACK = "torch.compile failed for the training step"
 CPU = torch.device("cpu")
@@ -209,7 +210,7 @@ def test_cudagraphs_without_cuda_warns_and_runs_eagerly_with_the_eager_records(t
         "training eagerly"]
     eager, graphs = RunDirectory(tmp_path / "eager").records(), RunDirectory(tmp_path / "graphs").records()
     assert [r["args"]["compile_step"] for r in graphs] == ["cudagraphs", "cudagraphs"]
-    varying = {"step_time", "eval_time", "mem_gb", "args"}
+    varying = VOLATILE_FIELDS
     assert [{k: v for k, v in r.items() if k not in varying} for r in graphs] == \
         [{k: v for k, v in r.items() if k not in varying} for r in eager]
 

@@ -19,8 +19,8 @@ from domaingen.sweep.slurm import _RequeueableChunk
 from domaingen.sweep.workers import chunks, run_job_chunk
 from domaingen.run.rundir import RunDirectory
 from domaingen.run.training import TrainConfig, train
+from domaingen.testing import VOLATILE_FIELDS
 
-VOLATILE = {"step_time", "eval_time", "startup_time", "mem_gb", "args"}
 
 
 class Blocks(MultiDomainDataset):
@@ -123,7 +123,7 @@ def kwargs(out: Path, dataset: str = "ColoredMNIST", **kw) -> dict:
 def same_run(a: Path, b: Path) -> None:
     """Records (bar timings), the last checkpoint and the selected weights of two run directories are equal."""
     ra, rb = RunDirectory(a), RunDirectory(b)
-    strip = lambda rs: [{k: v for k, v in r.items() if k not in VOLATILE} for r in rs]
+    strip = lambda rs: [{k: v for k, v in r.items() if k not in VOLATILE_FIELDS} for r in rs]
     assert strip(ra.records()) == strip(rb.records()) and len(ra.records()) == 3
     for load in (RunDirectory.load_checkpoint, RunDirectory.load_selected):
         sa, sb = load(ra), load(rb)

@@ -19,6 +19,7 @@ from domaingen.errors import DataNotFoundError, DomaingenError
 from domaingen.networks import ResNet, build_featurizer
 from domaingen.run.rundir import RunDirectory
 from domaingen.run.training import TrainConfig, train
+from domaingen.testing import VOLATILE_FIELDS
 from imagetree import make_folder_tree
 
 PACS_DOMAINS = ["art_painting", "cartoon", "photo", "sketch"]
@@ -226,11 +227,10 @@ def config(out, data_dir, **kw) -> TrainConfig:
     return TrainConfig(**base)
 
 
-VOLATILE = {"step_time", "eval_time", "startup_time", "mem_gb", "args"}
 
 
 def stable(records):
-    return [{k: v for k, v in r.items() if k not in VOLATILE} for r in records]
+    return [{k: v for k, v in r.items() if k not in VOLATILE_FIELDS} for r in records]
 
 
 def test_erm_trains_and_evaluates_end_to_end(data_dir, tmp_path):
@@ -274,6 +274,6 @@ def test_worker_processes_give_the_same_run_and_resume_exactly(data_dir, tmp_pat
         train(config(tmp_path / "resumed", data_dir, steps=4, hparams=two_workers))
     monkeypatch.setattr(training, "evaluate", real_evaluate)
     resumed = train(config(tmp_path / "resumed", data_dir, steps=4, hparams=two_workers)).records
-    drop = VOLATILE | {"hparams"}
+    drop = VOLATILE_FIELDS | {"hparams"}
     assert [{k: v for k, v in r.items() if k not in drop} for r in resumed] == \
         [{k: v for k, v in r.items() if k not in drop} for r in straight]

@@ -22,6 +22,7 @@ from domaingen.run.training import TrainConfig, train
 from domaingen.sweep.spec import build_jobs, parse_spec
 from domaingen.tables.collect import collect
 from domaingen.tables.reporting import build_tables, to_markdown
+from domaingen.testing import VOLATILE_FIELDS
 
 
 def test_three_way_split_keeps_the_validation_split_and_partitions_the_rest():
@@ -150,7 +151,7 @@ def test_a_split_left_without_some_class_is_one_line_and_exit_2(tmp_path, capsys
 
 
 def _timeless(records):
-    return [{**{k: v for k, v in r.items() if k not in ("step_time", "eval_time", "startup_time", "mem_gb", "args")},
+    return [{**{k: v for k, v in r.items() if k not in VOLATILE_FIELDS},
              "args": {k: v for k, v in r["args"].items() if k != "output_dir"}} for r in records]
 
 

@@ -16,6 +16,7 @@ from domaingen.cli.main import build_parser, main
 from domaingen.run.settings import NEVER, UNLESS
 from domaingen.run.training import REQUEUE_EXIT_STATUS, SETTINGS, TrainConfig, train
 from domaingen.sweep.spec import SPEC_KEYS, SPEC_SETTINGS, build_jobs, load_spec, parse_spec
+from domaingen.testing import VOLATILE_FIELDS
 
 FIXTURE = Path(__file__).parent / "fixtures" / "release_0_2_0"
 # the interrupted and the uninterrupted run of the fixture: IRM, 6 steps, a checkpoint every 2
@@ -24,7 +25,6 @@ FIXTURE_RUN = ["--dataset", "ColoredMNIST", "--algorithm", "IRM", "--test_envs",
                "--checkpoint_freq", "2", "--hparams_seed", "1", "--in_domain_test", "0.1"]
 # a new run beside the fixture's, under its protocol (0.2's default; DomainBed's experiment is today's for ERM and IRM)
 NEW_RUN = [*FIXTURE_RUN, "--protocol", "paired"]
-VARYING = {"step_time", "eval_time", "startup_time", "mem_gb", "args"}  # what differs between two machines or two runs
 
 
 def cli(capsys, *argv: str) -> tuple[int, str, str]:
@@ -46,7 +46,7 @@ def flag_dests(parser: argparse.ArgumentParser) -> set[str]:
 
 
 def records(path: Path) -> list[dict]:
-    return [{k: v for k, v in json.loads(line).items() if k not in VARYING}
+    return [{k: v for k, v in json.loads(line).items() if k not in VOLATILE_FIELDS}
             for line in (path / "results.jsonl").read_text().splitlines()]
 
 

@@ -14,8 +14,8 @@ from domaingen.algorithms import ALGORITHMS
 from domaingen.datasets import DATASETS, split_environments
 from domaingen.run.rundir import RunDirectory
 from domaingen.run.training import DivergedError, TrainConfig, resolve, train
+from domaingen.testing import VOLATILE_FIELDS
 
-VOLATILE = {"step_time", "eval_time", "startup_time", "mem_gb", "args"}
 
 
 def config(out, **kw) -> TrainConfig:
@@ -35,7 +35,7 @@ def config(out, **kw) -> TrainConfig:
 
 
 def stable(records):
-    return [{k: v for k, v in r.items() if k not in VOLATILE} for r in records]
+    return [{k: v for k, v in r.items() if k not in VOLATILE_FIELDS} for r in records]
 
 
 def test_records_follow_the_protocol(tmp_path):
