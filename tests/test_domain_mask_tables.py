@@ -171,6 +171,10 @@ def test_markdown_shows_each_trial_the_mean_and_the_paper(sweep, capsys):
     assert [c.strip() for c in header.strip("|").split("|")] == ["quantity", "trial 0", "trial 1", "mean", "paper"]
     ratio = next(line for line in out.splitlines() if line.startswith("| weight ratio mul/add"))
     assert ratio.rstrip(" |").endswith("3.8")
+    ratios = [sum(flat(m[0][1], SHAPES)) / sum(flat(m[0][0], SHAPES)) for m in masks]
+    cells = [c.strip() for c in ratio.strip("|").split("|")]
+    assert cells[1:4] == [f"{ratios[0]:.2f}", f"{ratios[1]:.2f}",
+                          f"{np.mean(ratios):.2f} ± {domainbed_error(ratios):.2f}"]
     seed_line = next(line for line in out.splitlines() if line.startswith("| seed IoU, all masks"))
     pairs = [iou(flat(masks[0][i][d], SHAPES), flat(masks[0][j][d], SHAPES))
              for d in range(2) for i, j in combinations(range(3), 2)]

@@ -84,18 +84,24 @@ class Entry:
     def cell(self) -> Cell:
         return Cell(values=self.present(), percent=self.percent)
 
+    def _number(self, value: float, spread: float) -> str:
+        """A percentage with one decimal, another quantity (a ratio) with two; ' ± spread' unless NaN."""
+        scale, digits = (100, ".1f") if self.percent else (1, ".2f")
+        return f"{scale * value:{digits}}" + ("" if math.isnan(spread) else f" ± {scale * spread:{digits}}")
+
     def text(self, error: str = "domainbed") -> str:
         """The mean over the runs that have it ± their error; '-' for none."""
-        return self.cell().text(error=error) if self.present() else "-"
+        cell = self.cell()
+        if not cell.values:
+            return "-"
+        return self._number(cell.mean, cell.spread(error) if cell.shows_error() else math.nan)
 
     def run_text(self, i: int) -> str:
         """Run i's value (with its own ± where it has one); '-' when it lacks it."""
         value = self.values[i]
         if math.isnan(value):
             return "-"
-        scale, digits = (100, ".1f") if self.percent else (1, ".3g")
-        spread = self.spreads[i] if self.spreads else math.nan
-        return f"{scale * value:{digits}}" + ("" if math.isnan(spread) else f" ± {scale * spread:.1f}")
+        return self._number(value, self.spreads[i] if self.spreads else math.nan)
 
 
 @dataclass
