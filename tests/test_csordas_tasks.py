@@ -192,6 +192,7 @@ def test_diagnose_reports_kept_weights_ratio_and_seed_stability(tmp_path, capsys
     layers = masks["layers"]
     assert list(layers) == ["featurizer.layers.0", "featurizer.layers.1", "featurizer.layers.2"]
     assert [layers[n]["weights"] for n in layers] == [42 * 8, 8 * 6, 6 * 20]
+    assert masks["layer_order"] == list(layers)  # input to output
     for entry in layers.values():
         assert entry["kept_weights"] == [round(f * entry["weights"]) for f in entry["kept_fraction"]]
     kept = [sum(e["kept_weights"][d] for e in layers.values()) for d in range(2)]

@@ -293,17 +293,32 @@ def _masks_x_domains_arguments(p: argparse.ArgumentParser) -> None:
 def _masks_x_domains(ns: argparse.Namespace) -> int:
     from domaingen.cli.sweep_commands import _collection, _write
     from domaingen.inspect.masks_over_trials import masks_matrix_tables, matrix_text
-
-    from domaingen.tables.export import RUNS, is_bundle, open_bundle
+    from domaingen.tables.diagnostics import runs_directory
 
     _check_hparams_choice(ns)
     collection = _collection(ns.input_dir, ns)
-    if is_bundle(ns.input_dir):  # the runs' diagnostics.json files, from the bundle's folder
-        with open_bundle(ns.input_dir) as bundle:
-            tables = masks_matrix_tables(collection, bundle.root / RUNS, ns.hparams_choice)
-    else:
-        tables = masks_matrix_tables(collection, ns.input_dir, ns.hparams_choice)
+    with runs_directory(ns.input_dir) as root:
+        tables = masks_matrix_tables(collection, root, ns.hparams_choice)
     return _write(matrix_text(tables, ns.format, ns.error), ns.output)
+
+
+def _domain_masks_arguments(p: argparse.ArgumentParser) -> None:
+    _add_input(p)
+    _add_error(p)
+    p.add_argument("--reference", default="csordas", metavar="FILE.csv|NAME",
+                   help="the published numbers beside ours (columns: dataset, quantity, mean, error, claim, source): "
+                        "a CSV file, or a shipped one's name (default: csordas, Csordás et al.'s)")
+
+
+def _domain_masks(ns: argparse.Namespace) -> int:
+    from domaingen.cli.sweep_commands import _collection, _write
+    from domaingen.tables.diagnostics import runs_directory
+    from domaingen.tables.domain_mask_tables import domain_mask_tables, render
+
+    collection = _collection(ns.input_dir, ns)
+    with runs_directory(ns.input_dir) as root:
+        tables = domain_mask_tables(collection, root, ns.reference)
+    return _write(render(tables, ns.format, ns.error), ns.output)
 
 
 def _manifest_arguments(p: argparse.ArgumentParser) -> None:
@@ -381,6 +396,10 @@ VIEWS: dict[str, View] = {
         "per dataset, algorithm and test env, the mask-by-domain matrices of `evaluate --masks_x_domains` "
         "(DMG's Table 4) of the runs training-domain validation selects, mean ± error over trials",
         _masks_x_domains_arguments, _masks_x_domains),
+    "domain-masks": View(
+        "per dataset, algorithm and test env, the weight masks of `diagnose --domain_masks` (Csordás et al.) in "
+        "every run: kept weights and ratio per domain, IoU between domains per layer, seed stability, and the "
+        "paper's numbers beside them", _domain_masks_arguments, _domain_masks),
     "correlations": View(
         "per dataset and selection method, Spearman's rank correlation of record fields with the mean of "
         "--against fields, over the selected runs and over the algorithms' means", _correlations_arguments,

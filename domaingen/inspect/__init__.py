@@ -116,7 +116,12 @@ domaingen train --dataset AddMul --algorithm ERM --test_envs 2 --output_dir out/
 domaingen diagnose out/addmul --domain_masks --mask_steps 6000 --mask_alpha 1e-5 --mask_seed 0 1 2
 domaingen train --dataset DoubleAddition --algorithm ERM --test_envs 2 --output_dir out/double
 domaingen diagnose out/double --domain_masks --mask_steps 6000 --mask_alpha 1e-5 --mask_seed 0
+domaingen collect domain-masks --input_dir out/addmul
 ```
+
+`sweeps/csordas.toml` trains both tasks over trials (its header gives the diagnose loop), and
+`collect domain-masks --input_dir DIR` tabulates every run's masks, per trial and mean ± error,
+with the paper's numbers beside them (tables/domain_mask_tables.py).
 
 - add/mul: the per-layer table gives each mask's kept weights and s(add, mul),
   s(mul, add) (the paper's "shared weights" per layer: more in the input and output

@@ -151,7 +151,8 @@ def domain_weight_masks(
     `accuracy` is the short summary: each domain's masked and unmasked accuracy on its
     own `out` split. `kept_weights` counts each domain's kept weights (per layer too) and
     `weight_ratio[t][r]` is kept_weights[t] / kept_weights[r] (Csordás et al.: multiplication
-    keeps 3.8x the weights of addition).
+    keeps 3.8x the weights of addition). `layer_order` names the masked layers from input to
+    output (`layers` is a mapping, which diagnostics.json stores sorted by name).
 
     `mask_seeds` seeds the masks' training (their Gumbel noise and batches): mask d of seed s
     draws from seed s * 1000 + d; without seeds they draw from the run's seed, as they always
@@ -256,6 +257,7 @@ def domain_weight_masks(
     return {
         "domains": names, "steps": steps, "batch_size": batch_size, "mask_lr": MASK_LR, "alpha": alpha,
         "mask_seeds": seeds,
+        "layer_order": [name[len("alg."):].removesuffix(".weight") for name in weights],
         "accuracy": [{"domain": names[d], "masked": matrix[d][env], "unmasked": unmasked[env]}
                      for d, env in enumerate(train_envs)],
         "environments": [split.env.name for split in env_splits],

@@ -13,7 +13,6 @@ them in, never silently averaged.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -22,13 +21,11 @@ from tabulate import tabulate
 
 from domaingen.errors import DomaingenError
 from domaingen.inspect.masks_x_domains import SECTION, applied
-from domaingen.run.rundir import RESULTS
 from domaingen.tables.collect import Collection
+from domaingen.tables.diagnostics import run_diagnostics
 from domaingen.tables.reporting import ERROR_TITLES, Cell
 from domaingen.tables.selection import select
 from domaingen.tables.views import FORMATS
-
-DIAGNOSTICS = "diagnostics.json"
 
 
 @dataclass
@@ -47,16 +44,6 @@ class MatrixTable:
     matrix: dict = field(default_factory=dict)  # the mean matrix in `evaluate --masks_x_domains`'s layout (report)
 
 
-def _read_matrix(run_dir: Path) -> dict | None:
-    path = run_dir / DIAGNOSTICS
-    if not path.exists():
-        return None
-    try:
-        return json.loads(path.read_text()).get(SECTION)
-    except (OSError, json.JSONDecodeError):
-        return None
-
-
 def _labels(matrix: dict, algorithm: str) -> tuple[list[str], list[str]]:
     unit = applied(algorithm)
     rows = [f"{unit} {name}" if i < matrix["train_rows"] else name for i, name in enumerate(matrix["rows"])]
@@ -73,14 +60,12 @@ def masks_matrix_tables(collection: Collection, input_dir: str | Path,
     Raises DomaingenError when no selected run has a matrix, or when the matrices of one
     cell disagree in their rows or columns (runs of different set-ups).
     """
-    root = Path(input_dir)
-    single_run = (root / RESULTS).exists()  # collect reads a run directory as itself
     selected = select(collection.records, "training", hparams_choice)
     tables = []
     for (dataset, algorithm, test_env), chosen in selected.groupby(["dataset", "algorithm", "test_env"], sort=True):
         found, unevaluated, stale = [], [], False
         for _, pick in chosen.sort_values("trial_seed").iterrows():
-            matrix = _read_matrix(root if single_run else root / pick["run"])
+            matrix = (run_diagnostics(input_dir, pick["run"]) or {}).get(SECTION)
             if matrix is None:
                 unevaluated.append(f"{pick['run']} (trial {pick['trial_seed']}: no matrix)")
             elif int(matrix.get("step", -1)) != int(pick["step"]):

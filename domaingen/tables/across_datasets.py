@@ -24,7 +24,7 @@ import pandas as pd
 from tabulate import tabulate
 
 from domaingen.errors import DomaingenError
-from domaingen.tables.reporting import Table, _per_trial_average, latex_escape
+from domaingen.tables.reporting import Table, _per_trial_average, latex_document, latex_text_table
 from domaingen.tables.selection import selection_method
 from domaingen.tables.statistics import AGGREGATES, Friedman, friedman_nemenyi, stratified_bootstrap
 
@@ -190,16 +190,9 @@ def render(summaries: Sequence[Summary], fmt: str) -> str:
                                showindex=False, disable_numparse=True))
             out.write("\n\n" + "".join(f"{line}\n" for line in s.notes) + "\n")
         else:
-            header = " & ".join(latex_escape(c) for c in ["Algorithm", *shown.columns]) + r" \\"
-            body = [" & ".join(latex_escape(str(v)) for v in [name, *row]) + r" \\" for name, row in
-                    zip(shown.index, shown.itertuples(index=False))]
-            out.write("\n".join([r"\begin{table}[ht]", r"\centering", r"\caption{" + latex_escape(s.title) + "}",
-                                 r"\resizebox{\ifdim\width>\linewidth\linewidth\else\width\fi}{!}{%",
-                                 r"\begin{tabular}{l" + "c" * len(shown.columns) + "}", r"\toprule", header,
-                                 r"\midrule", *body, r"\bottomrule", r"\end{tabular}}",
-                                 r"\par\smallskip{\footnotesize\raggedright",
-                                 "\\par\n".join(latex_escape(n) for n in s.notes), r"\par}", r"\end{table}", ""]))
+            out.write(latex_text_table(s.title, ["Algorithm", *shown.columns],
+                                       [[name, *row] for name, row in zip(shown.index, shown.itertuples(index=False))],
+                                       s.notes))
     if fmt == "latex":
-        return "\n".join([r"\documentclass{article}", r"\usepackage[margin=2cm]{geometry}", r"\usepackage{booktabs}",
-                          r"\usepackage{graphicx}", r"\begin{document}", out.getvalue(), r"\end{document}", ""])
+        return latex_document(out.getvalue())
     return out.getvalue()

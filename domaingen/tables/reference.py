@@ -51,11 +51,13 @@ def _environment(dataset: str, text: str, where: str) -> str:
 
 
 PUBLISHED_DIR = Path(__file__).with_name("published")
+# shipped published numbers that are no accuracy rows: the view that puts them beside ours, by file name
+VIEW_FILES = {"csordas": "collect domain-masks"}
 
 
 def published_names() -> list[str]:
     """The published-number files shipped with domaingen, by the name `--reference` takes."""
-    return sorted(p.stem for p in PUBLISHED_DIR.glob("*.csv"))
+    return sorted(p.stem for p in PUBLISHED_DIR.glob("*.csv") if p.stem not in VIEW_FILES)
 
 
 def reference_path(name: str | os.PathLike) -> Path:
@@ -64,6 +66,9 @@ def reference_path(name: str | os.PathLike) -> Path:
     path = Path(name)
     if path.is_file() or path.suffix or len(path.parts) > 1:
         return path
+    if str(name) in VIEW_FILES:
+        raise DomaingenError(f"reference {name} holds no accuracies: `domaingen {VIEW_FILES[str(name)]}` puts its "
+                             f"numbers beside ours (--reference takes {', '.join(published_names())})")
     shipped = PUBLISHED_DIR / f"{name}.csv"
     if shipped.is_file():
         return shipped

@@ -637,6 +637,25 @@ def latex_escape(text: str) -> str:
     return "".join("$-$" if _is_minus(text, i) else LATEX_ESCAPES.get(ch, ch) for i, ch in enumerate(text))
 
 
+def latex_text_table(title: str, header: Sequence[str], rows: Sequence[Sequence[str]], notes: Sequence[str]) -> str:
+    """One booktabs table of plain-text cells (escaped here): a caption, the first column left-aligned and
+    the others centred, scaled down to the line width when wider, and `notes` under it."""
+    head = " & ".join(latex_escape(c) for c in header) + r" \\"
+    body = [" & ".join(latex_escape(str(v)) for v in row) + r" \\" for row in rows]
+    return "\n".join([r"\begin{table}[ht]", r"\centering", r"\caption{" + latex_escape(title) + "}",
+                      r"\resizebox{\ifdim\width>\linewidth\linewidth\else\width\fi}{!}{%",
+                      r"\begin{tabular}{l" + "c" * (len(header) - 1) + "}", r"\toprule", head,
+                      r"\midrule", *body, r"\bottomrule", r"\end{tabular}}",
+                      r"\par\smallskip{\footnotesize\raggedright",
+                      "\\par\n".join(latex_escape(n) for n in notes), r"\par}", r"\end{table}", ""])
+
+
+def latex_document(body: str) -> str:
+    """A standalone article around `body` with the packages latex_text_table needs."""
+    return "\n".join([r"\documentclass{article}", r"\usepackage[margin=2cm]{geometry}", r"\usepackage{booktabs}",
+                      r"\usepackage{graphicx}", r"\begin{document}", body, r"\end{document}", ""])
+
+
 def _latex_cell(cell: Cell, show_n: bool, error: str = "domainbed", notes: dict[str, int] | None = None,
                 rank: str = "") -> str:
     """A cell's LaTeX; `rank` BEST sets its number in bold, SECOND underlines it (column_ranks)."""
