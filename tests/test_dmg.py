@@ -105,6 +105,45 @@ def test_update_reports_the_penalty_its_reduction_defines(reduction):
     assert out["loss"] == pytest.approx(out["nll"] + 0.5 * expected, rel=1e-5)
 
 
+def test_sparsity_penalty_is_the_l1_norm_of_the_keep_probabilities():
+    torch.manual_seed(0)
+    masks = DomainNeuronMasks([5, 7], num_domains=3)
+    by_hand = sum(float((1 / (1 + np.exp(-layer.detach().double().numpy()))).sum()) for layer in masks.logits)
+    assert masks.sparsity_penalty().item() == pytest.approx(by_hand, rel=1e-6)
+    # its gradient w.r.t. each logit is p(1 - p): the L1 norm pulls every keep probability down
+    masks.sparsity_penalty().backward()
+    for layer in masks.logits:
+        p = torch.sigmoid(layer.detach())
+        torch.testing.assert_close(layer.grad, p * (1 - p))
+
+
+def test_update_adds_lambda_s_times_the_sparsity_penalty_only_when_set():
+    """lambda_S > 0: the loss is nll + lambda_O * overlap + lambda_S * (sigmoid(logits) summed by hand), and
+    `update` reports the unweighted norm as `sparsity`; lambda_S = 0 (the default) reports what it always did."""
+    algorithm = mlp_dmg(dmg_layers="featurizer.layers.7,classifier", dmg_lambda_o=0.5, dmg_lambda_s=0.03)
+    before = [logit.detach().clone() for logit in algorithm.masks.logits]
+    out = algorithm.update(separable_batches(MLP_SHAPE, seed=0))
+    l1 = sum(float(torch.sigmoid(b.double()).sum()) for b in before)
+    assert out["sparsity"] == pytest.approx(l1, rel=1e-6)
+    assert out["loss"] == pytest.approx(out["nll"] + 0.5 * hand_overlap(before, "sum") + 0.03 * l1, rel=1e-5)
+    off = mlp_dmg(dmg_layers="featurizer.layers.7,classifier", dmg_lambda_o=0.5)
+    assert off.hparams["dmg_lambda_s"] == 0.0
+    out = off.update(separable_batches(MLP_SHAPE, seed=0))
+    assert set(out) == {"loss", "nll", "penalty"}
+
+
+def test_lambda_s_lowers_the_fraction_of_kept_neurons():
+    """Same seed and data, no overlap penalty, 30 updates: a large lambda_S leaves fewer keep probabilities
+    above 0.5 than none."""
+    active = {}
+    for lambda_s in (0.0, 1.0):
+        algorithm = mlp_dmg(dmg_lambda_o=0.0, dmg_lambda_s=lambda_s, dmg_mask_lr=0.05)
+        for step in range(30):
+            algorithm.update(separable_batches(MLP_SHAPE, seed=step))
+        active[lambda_s] = np.mean([algorithm.diagnostics()[f"dmg_layer{k}_active"] for k in range(3)])
+    assert active[0.0] > 0.8 and active[1.0] < 0.1, active
+
+
 def test_logits_start_uniform_in_zero_one():
     torch.manual_seed(0)
     logits = DomainNeuronMasks([4000], num_domains=2).logits[0].detach()
@@ -392,6 +431,7 @@ def test_resnet_featurizer_masks_layer3_layer4_and_classifier_per_channel(monkey
 
 @pytest.mark.parametrize("hparams, message", [
     ('{"dmg_lambda_o": -0.5}', "dmg_lambda_o must be >= 0 (the weight of the overlap penalty), got -0.5"),
+    ('{"dmg_lambda_s": -0.01}', "dmg_lambda_s must be >= 0 (the weight of the sparsity penalty), got -0.01"),
     ('{"dmg_overlap_reduction": "avg"}', "dmg_overlap_reduction must be one of sum, mean, got 'avg'"),
     ('{"dmg_layers": "classifier, classifier"}', "dmg_layers names a module twice: 'classifier, classifier'"),
     ('{"dmg_layers": " , "}', "dmg_layers is empty; use 'auto' or comma-separated module names such as 'classifier'"),

@@ -111,3 +111,15 @@ def test_a_negative_lambda_in_the_grid_is_one_line_exit_2_and_writes_nothing(tmp
     err = capsys.readouterr().err.strip()
     assert code == 2 and not out.exists()
     assert len(err.splitlines()) == 1 and "dmg_lambda_o must be >= 0" in err and "parts[5]" in err
+
+
+def test_a_negative_lambda_s_in_the_sparsity_grid_is_one_line_exit_2_and_writes_nothing(tmp_path, capsys):
+    text = (SWEEPS / "dmg_sparsity_rmnist.toml").read_text().replace("dmg_lambda_s = 0.001", "dmg_lambda_s = -0.001")
+    spec = tmp_path / "bad.toml"
+    spec.write_text(text)
+    out = tmp_path / "sweep"
+    code = main(["-q", "sweep", "launch", "--spec", str(spec), "--output_dir", str(out), "--launcher", "dry"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and not out.exists()
+    assert len(err.splitlines()) == 1 and "dmg_lambda_s must be >= 0 (the weight of the sparsity penalty)" in err
+    assert "parts[3]: DMG: dmg_lambda_s must be >= 0" in err

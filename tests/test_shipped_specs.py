@@ -29,3 +29,20 @@ def test_dmg_rmnist_parts_hold_its_networks_and_in_domain_test():
     paper = [job for job in jobs if job.args["hparams"].get("dmg_preset") == "paper"]
     assert {job.args["algorithm"] for job in paper} == {"DMG"} and len(paper) == 3
     assert len(jobs) == 2 * 3 * 3 + 3
+
+
+@pytest.mark.parametrize("name, key", [("dmg_lambda_rmnist.toml", "dmg_lambda_o"), ("dmg_sparsity_rmnist.toml", "dmg_lambda_s")])
+def test_dmg_sensitivity_specs_hold_one_mlp_part_per_grid_value(name, key):
+    """DMG's lambda_O (Fig. 4) and lambda_S (Fig. 6) sweeps: dmg_rmnist.toml part 2's protocol, three
+    trials at hparams_seed 0 for each of 0, 1e-5, ..., 1."""
+    jobs = build_jobs(load_spec(SPECS[0].parent / name))
+    grid = [0.0] + [10.0**e for e in range(-5, 1)]
+    assert len(jobs) == 3 * len(grid)
+    by_value = {}
+    for job in jobs:
+        args = job.args
+        assert args["algorithm"] == "DMG" and args["dataset"] == "RotatedMNIST" and args["test_envs"] == [0]
+        assert args["in_domain_test"] == 0.1 and args["steps"] == 3001 and args["hparams_seed"] == 0
+        assert set(args["hparams"]) == {"featurizer", key} and args["hparams"]["featurizer"] == "MLP"
+        by_value.setdefault(args["hparams"][key], set()).add(args["trial_seed"])
+    assert sorted(by_value) == pytest.approx(grid) and all(seeds == {0, 1, 2} for seeds in by_value.values())

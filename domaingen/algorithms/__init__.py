@@ -92,6 +92,11 @@ masked layers and domain pairs: the paper's sum over L and (d_i, d_j)).
 `dmg_overlap_reduction` "mean" averages over the domain pairs within a layer
 instead, as the authors' public code does (prithv1/DMG, models/supermasks.py,
 `overlap_penalty`); with D training domains the sum is D(D-1)/2 times the mean.
+`dmg_lambda_s` (default 0, off) adds lambda_S x the L1 norm of the masks (every
+domain's keep probabilities sigmoid(logit) summed over neurons and masked layers),
+the sparsity incentive of the authors' code (OPTIM.SPARSITY_LAMBDA,
+`sparsity_penalty`; 0 in their PACS and DomainNet configs); `update` then also
+reports `sparsity`, the unweighted norm. `sweeps/dmg_sparsity_rmnist.toml` varies it.
 Hyperparameters: `dmg_lambda_o` 0.1 (search: 0 with probability 0.2, else
 10^U(-5,0)); `dmg_mask_lr` 1e-3, the Adam learning rate of the mask logits
 (search 10^U(-4,-2); the paper used 1e-4 for net and masks, our MNIST net lr is
@@ -113,7 +118,7 @@ some but not all / by none), and `dmg_iou`, the mean over layers. `collect`
 turns each mode into a row of its own: `DMG-MaskEns`, and `DMG-KD`, which appears
 in the in-domain tables only (under oracle and leave-one-domain-out selection it
 is marked undefined, since they validate on held-out domains). A negative
-`dmg_lambda_o` or `dmg_mask_lr`, an unknown `dmg_overlap_reduction`, and an empty or
+`dmg_lambda_o`, `dmg_lambda_s` or `dmg_mask_lr`, an unknown `dmg_overlap_reduction`, and an empty or
 repeated `dmg_layers` are refused in one line (and stop a sweep's launch); an unknown
 module name in `dmg_layers` is refused in one line once the network is built.
 

@@ -6,7 +6,10 @@ example's activations by a straight-through Bernoulli sample of its own
 domain's mask and adds lambda_O times the soft-IoU overlap of the domains'
 masks: by default the paper's sum over masked layers and domain pairs
 (`dmg_overlap_reduction` "sum"); "mean" averages over the pairs within a layer,
-as the authors' public code does (models/supermasks.py, `overlap_penalty`). Test-time modes: Pred-Ens (the default) averages the logits over the
+as the authors' public code does (models/supermasks.py, `overlap_penalty`). `dmg_lambda_s`
+(default 0, off) adds lambda_S times the L1 norm of the keep probabilities (every domain's
+sigmoid(logit) summed over neurons and layers), the sparsity incentive of the authors' code
+(OPTIM.SPARSITY_LAMBDA, `sparsity_penalty`). Test-time modes: Pred-Ens (the default) averages the logits over the
 source domains' soft masks, Mask-Ens uses the mean soft mask, and known-domain
 (KD) uses the example's own domain's soft mask.
 
@@ -126,7 +129,8 @@ def parse_mask_layers(spec: str, algorithm: nn.Module, featurizer: nn.Module) ->
 
 @ALGORITHMS.register("DMG")
 class DMG(FeaturizerClassifier):
-    """Cross-entropy under per-domain straight-through Bernoulli neuron masks + lambda_O * soft-IoU overlap."""
+    """Cross-entropy under per-domain straight-through Bernoulli neuron masks + lambda_O * soft-IoU overlap
+    (+ lambda_S * the masks' L1 norm, when dmg_lambda_s > 0)."""
 
     HPARAMS = {
         "dmg_lambda_o": HParam(0.1, log_uniform_or_zero(-5, 0, 0.2), "weight lambda_O of the soft-IoU mask overlap penalty"),
@@ -134,6 +138,11 @@ class DMG(FeaturizerClassifier):
             "sum", None,
             "soft IoU over domain pairs, per masked layer: sum (the paper's equation) or mean (the authors' code); "
             "summed over layers either way",
+        ),
+        "dmg_lambda_s": HParam(
+            0.0, None,
+            "weight lambda_S of the L1 sparsity penalty (the keep probabilities summed over domains, neurons and "
+            "layers); 0 leaves it out",
         ),
         "dmg_mask_lr": HParam(1e-3, log_uniform(-4, -2), "Adam learning rate of the mask logits"),
         "dmg_layers": HParam("auto", None, "masked module inputs: 'auto' or comma-separated module names"),
@@ -154,7 +163,11 @@ class DMG(FeaturizerClassifier):
     @classmethod
     def check_hparams(cls, hparams) -> None:
         super().check_hparams(hparams)
-        for key, what in (("dmg_lambda_o", "the weight of the overlap penalty"), ("dmg_mask_lr", "a learning rate")):
+        for key, what in (
+            ("dmg_lambda_o", "the weight of the overlap penalty"),
+            ("dmg_lambda_s", "the weight of the sparsity penalty"),
+            ("dmg_mask_lr", "a learning rate"),
+        ):
             if key in hparams and not float(hparams[key]) >= 0:
                 raise DomaingenError(f"{key} must be >= 0 ({what}), got {hparams[key]}")
         if "dmg_layers" in hparams and str(hparams["dmg_layers"]).strip() != "auto":
@@ -246,11 +259,18 @@ class DMG(FeaturizerClassifier):
         nll = classification_loss(self._masked_forward(x, masks), y)
         penalty = self.masks.overlap_penalty(self.hparams["dmg_overlap_reduction"])
         loss = nll + float(self.hparams["dmg_lambda_o"]) * penalty
+        lambda_s = float(self.hparams.get("dmg_lambda_s", 0.0))
+        if lambda_s > 0:  # off by default: neither the loss nor the reported keys change
+            sparsity = self.masks.sparsity_penalty()
+            loss = loss + lambda_s * sparsity
         self.step(loss)
         if self._decayed_groups:
             self.dmg_update_count += 1
             self._set_decayed_lr()
-        return {"loss": loss.item(), "nll": nll.item(), "penalty": penalty.item()}
+        out = {"loss": loss.item(), "nll": nll.item(), "penalty": penalty.item()}
+        if lambda_s > 0:
+            out["sparsity"] = sparsity.item()
+        return out
 
     def _set_decayed_lr(self) -> None:
         """Paper preset: the network's lr is its initial lr * 0.99^(updates // dmg_decay_every)."""

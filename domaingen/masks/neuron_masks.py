@@ -6,7 +6,8 @@ sample of its own domain's mask, with the straight-through gradient to the
 probabilities; a soft-IoU penalty keeps the domains' masks from overlapping
 completely. The penalty is the paper's sum over layers and domain pairs
 (reduction "sum"), or the sum over layers of the mean over domain pairs
-(reduction "mean", what the authors' public code computes).
+(reduction "mean", what the authors' public code computes). An optional L1
+sparsity penalty, the sum of every keep probability, pushes masks to drop neurons.
 """
 
 from __future__ import annotations
@@ -118,6 +119,10 @@ class DomainNeuronMasks(nn.Module):
         domain pairs are summed ("sum", the paper's equation) or averaged ("mean")."""
         per_pairs = summed_pairwise_iou if check_overlap_reduction(reduction) == "sum" else mean_pairwise_iou
         return torch.stack([per_pairs(p) for p in self.probs()]).sum()
+
+    def sparsity_penalty(self) -> torch.Tensor:
+        """The L1 norm of the keep probabilities: sigmoid(logits) summed over neurons, domains and layers."""
+        return torch.stack([p.sum() for p in self.probs()]).sum()
 
     def statistics(self) -> list[dict[str, float]]:
         """`neuron_mask_statistics` of each layer's discrete masks, sigmoid(logit) > 0.5."""
