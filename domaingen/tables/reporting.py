@@ -30,7 +30,8 @@ import numpy as np
 import pandas as pd
 from tabulate import tabulate
 
-from domaingen.tables.collect import Collection, RunGrid, adapted_algorithms, data_sources, n_environments, table_records
+from domaingen.tables.collect import (COMBINED_DIR, Collection, RunGrid, adapted_algorithms, data_sources, n_environments,
+                                      table_records)
 from domaingen.datasets import DATASETS
 from domaingen.tables.provenance import mixed_versions_note
 from domaingen.run.protocol import PROTOCOL_NOTES
@@ -314,6 +315,17 @@ def adapted_note(records: pd.DataFrame) -> str:
             "protocol), the adapter's hyperparameters selected as draws by the same rule")
 
 
+def combined_note(records: pd.DataFrame, method: str) -> str:
+    """The caption's mark of rows that `domaingen average` combined ('' when the records have none):
+    DiWA's and ENS's members are the checkpoints training-domain validation chose, whatever `method`,
+    a soup's the last ones."""
+    if "run" not in records or not records["run"].astype(str).str.startswith(f"{COMBINED_DIR}/").any():
+        return ""
+    rule = "as this table's rule does" if method == "training" else "not this table's rule"
+    return ("; rows X (DiWA-uniform), X (DiWA-greedy), X (ENS): each trial's runs combined by `domaingen average` "
+            f"from the checkpoints training-domain validation chose ({rule}), X (soup) from their last ones")
+
+
 def dataset_tables(
     collection: Collection, method: str, hparams_choice: str = "per_trial"
 ) -> tuple[list[Table], list[Table]]:
@@ -370,7 +382,9 @@ def dataset_tables(
             if test_defined or algorithm not in bases:
                 test_rows[algorithm] = test_cells + average
             in_rows[algorithm] = in_cells + ([_average_cell(in_cells)] if avg else [])
-        title = entry.description + _title_suffix(hparams_choice) + adapted_note(records[records["dataset"] == dataset])
+        of_dataset = records[records["dataset"] == dataset]
+        title = (entry.description + _title_suffix(hparams_choice) + adapted_note(of_dataset)
+                 + combined_note(of_dataset, method))
         source = source_label(records, dataset)
         test_tables.append(Table(f"{dataset}: test accuracy, {title}", f"{dataset}/{method}/test", columns, test_rows,
                                  data_source=source, hparams_choice=hparams_choice))
