@@ -102,24 +102,18 @@ def test_each_spec_runs_end_to_end_on_a_generated_tree(tmp_path, capsys, name, p
                                                                         for i in train_envs]))]
 
 
-def test_a_negative_lambda_in_the_grid_is_one_line_exit_2_and_writes_nothing(tmp_path, capsys):
-    text = (SWEEPS / "dmg_pacs.toml").read_text().replace("dmg_lambda_o = 0.001", "dmg_lambda_o = -0.001")
+@pytest.mark.parametrize("spec_name, setting, message", [
+    ("dmg_pacs.toml", "dmg_lambda_o = 0.001", "parts[5]: DMG: dmg_lambda_o must be >= 0"),
+    ("dmg_sparsity_rmnist.toml", "dmg_lambda_s = 0.001",
+     "parts[3]: DMG: dmg_lambda_s must be >= 0 (the weight of the sparsity penalty)"),
+])
+def test_a_negative_lambda_in_a_grid_is_one_line_exit_2_and_writes_nothing(tmp_path, capsys, spec_name, setting,
+                                                                           message):
+    text = (SWEEPS / spec_name).read_text().replace(setting, setting.replace("= ", "= -"))
     spec = tmp_path / "bad.toml"
     spec.write_text(text)
     out = tmp_path / "sweep"
     code = main(["-q", "sweep", "launch", "--spec", str(spec), "--output_dir", str(out), "--launcher", "dry"])
     err = capsys.readouterr().err.strip()
     assert code == 2 and not out.exists()
-    assert len(err.splitlines()) == 1 and "dmg_lambda_o must be >= 0" in err and "parts[5]" in err
-
-
-def test_a_negative_lambda_s_in_the_sparsity_grid_is_one_line_exit_2_and_writes_nothing(tmp_path, capsys):
-    text = (SWEEPS / "dmg_sparsity_rmnist.toml").read_text().replace("dmg_lambda_s = 0.001", "dmg_lambda_s = -0.001")
-    spec = tmp_path / "bad.toml"
-    spec.write_text(text)
-    out = tmp_path / "sweep"
-    code = main(["-q", "sweep", "launch", "--spec", str(spec), "--output_dir", str(out), "--launcher", "dry"])
-    err = capsys.readouterr().err.strip()
-    assert code == 2 and not out.exists()
-    assert len(err.splitlines()) == 1 and "dmg_lambda_s must be >= 0 (the weight of the sparsity penalty)" in err
-    assert "parts[3]: DMG: dmg_lambda_s must be >= 0" in err
+    assert len(err.splitlines()) == 1 and message in err
