@@ -302,3 +302,35 @@ def test_a_worker_warms_its_imports_and_a_failing_warm_up_does_not_break_the_poo
     monkeypatch.setattr(parallel, "_quiet_worker", lambda threads: None)
     parallel._start_worker(1, 1.0)
     assert "warming the worker failed: RuntimeError: no driver" in caplog.text
+
+
+def test_a_worker_rotates_each_digit_once_per_angle_and_builds_what_a_fresh_process_builds(monkeypatch):
+    """RotatedMNIST under the domainbed protocol: two seeds on one worker's cache give exactly the
+    environments built without a cache, and the second seed rotates only digits the first did not."""
+    from domaingen.datasets import mnist
+    from domaingen.datasets.mnist import RotatedMNIST
+
+    rotated: list[int] = []
+    original = mnist.pil_rotated
+
+    def counting(images, angle):
+        rotated.append(len(images))
+        return original(images, angle)
+
+    monkeypatch.setattr(mnist, "pil_rotated", counting)
+    fresh = {seed: RotatedMNIST.built_as_domainbed(seed)("embedded", [0], {}) for seed in (3, 4)}
+    per_build = sum(rotated) // 2
+    assert per_build == sum(len(env.y) for env in fresh[3].environments)  # every digit once per build
+    rotated.clear()
+    cache = DatasetCache()
+    with cache.serving_sources():
+        served = {seed: RotatedMNIST.built_as_domainbed(seed)("embedded", [0], {}) for seed in (3, 4)}
+    first, second = sum(rotated[:6]), sum(rotated[6:])
+    assert first == per_build and 0 < second < per_build
+    # by hand: the second seed rotates a digit at an angle only if the first seed put it elsewhere
+    expected = sum(int((~torch.isin(b.source_index, a.source_index)).sum())
+                   for a, b in zip(fresh[3].environments, fresh[4].environments))
+    assert second == expected
+    for seed in (3, 4):
+        for a, b in zip(fresh[seed].environments, served[seed].environments):
+            assert torch.equal(a.x, b.x) and torch.equal(a.y, b.y) and torch.equal(a.source_index, b.source_index)

@@ -55,6 +55,11 @@ T = TypeVar("T")
 _SERVING: contextvars.ContextVar["DatasetCache | None"] = contextvars.ContextVar("domaingen_sources", default=None)
 
 
+def serving_sources() -> bool:
+    """Whether a DatasetCache serves sources in this context (`cached_source` keeps what it builds)."""
+    return _SERVING.get() is not None
+
+
 def cached_source(key: Hashable, build: Callable[[], T], nbytes: Callable[[T], int] | None = None) -> T:
     """`build()`, or what it returned for the same `key` earlier in this process when a DatasetCache
     serves sources here (`DatasetCache.serving_sources`); `nbytes(value)` is its size for the bound.

@@ -17,12 +17,13 @@ import contextlib
 import io
 import logging
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, ClassVar, Mapping, Sequence
 
 import torch
 
 from domaingen.datasets.base import DATASETS, EMBEDDED, Environment, MultiDomainDataset, data_path
-from domaingen.datasets.cache import cached_source, source_fingerprint
+from domaingen.datasets.cache import cached_source, serving_sources, source_fingerprint
 from domaingen.errors import DataNotFoundError
 from domaingen.hparams import HParam, choice, int_pow2_uniform, log_uniform
 
@@ -305,13 +306,37 @@ class RotatedMNIST(MNISTDomains):
     NUM_CLASSES = 10
     CLASS_NAMES = DIGIT_NAMES
 
+    def __init__(self, data_dir: str, test_envs: Sequence[int], hparams: Mapping[str, Any]) -> None:
+        super().__init__(data_dir, test_envs, hparams)
+        if self.DOMAINBED_SEED is not None:
+            # DomainBed's per-image PIL rotation, once per digit and angle in a sweep worker
+            for env, angle in zip(self.environments, self.ANGLES):
+                env.x = self._pil_rotated(env.x, env.source_index, angle)
+
+    def _pil_rotated(self, images: torch.Tensor, source_index: torch.Tensor, angle: int) -> torch.Tensor:
+        """`pil_rotated(images, angle)`; where a sweep worker's cache serves sources, each digit (by its
+        index in the 70,000) is rotated to each angle once per worker, then read from the cache."""
+        if not serving_sources():
+            return pil_rotated(images, angle)
+        directory = self.data_dir if self.data_dir == EMBEDDED else str(Path(self.data_dir).expanduser().resolve())
+        n_digits = len(load_mnist(self.data_dir).labels)
+        memo = cached_source(("mnist rotated", directory, source_fingerprint(self.data_dir), angle),
+                             lambda: RotationMemo(torch.zeros((n_digits, 1, 28, 28), dtype=torch.uint8),
+                                                  torch.zeros(n_digits, dtype=torch.bool)),
+                             lambda m: m.images.numel() + m.done.numel())
+        todo = ~memo.done[source_index]
+        if todo.any():
+            memo.images[source_index[todo]] = pil_rotated(images[todo], angle)
+            memo.done[source_index[todo]] = True
+        return memo.images[source_index]
+
     def make_environment(self, images, labels, env_index, generator):
         # imported here: torchvision's import (about a second) is a large share of a short ColoredMNIST job
         from torchvision.transforms import InterpolationMode
         from torchvision.transforms.functional import rotate
 
         if self.DOMAINBED_SEED is not None:
-            return Environment("", pil_rotated(images, self.ANGLES[env_index]), labels)
+            return Environment("", images, labels)  # rotated in __init__, per digit (_pil_rotated)
         x = rotate(
             images.unsqueeze(1),
             float(self.ANGLES[env_index]),
@@ -319,6 +344,14 @@ class RotatedMNIST(MNISTDomains):
             fill=[0.0],
         )
         return Environment("", x.to(torch.uint8), labels)
+
+
+@dataclass
+class RotationMemo:
+    """A worker's rotated digits at one angle: `images[i]` is digit i rotated where `done[i]`."""
+
+    images: torch.Tensor  # uint8 [n_digits, 1, 28, 28]
+    done: torch.Tensor  # bool [n_digits]
 
 
 def pil_rotated(images: torch.Tensor, angle: float) -> torch.Tensor:
