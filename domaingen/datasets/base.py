@@ -18,6 +18,10 @@ if TYPE_CHECKING:
 
 DATASETS: Registry[type["MultiDomainDataset"]] = Registry("dataset")
 
+# ImageNet channel statistics: the normalisation of every image dataset's inputs
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+
 EMBEDDED = "embedded"
 
 

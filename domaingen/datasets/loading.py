@@ -26,11 +26,9 @@ import torch
 from PIL import Image
 from torch.utils.data import DataLoader, Dataset, Sampler
 
-from domaingen.datasets.base import MultiDomainDataset
+from domaingen.datasets.base import IMAGENET_MEAN, IMAGENET_STD, MultiDomainDataset
 from domaingen.datasets.image_cache import ImageCache, open_image_cache
 from domaingen.datasets.splits import Split
-from domaingen.datasets.tensor_augment import (IMAGENET_MEAN, IMAGENET_STD, tensor_eval_transform,
-                                               tensor_train_transform)
 from domaingen.errors import DomaingenError
 from domaingen.hparams import HParam, choice, int_pow2_uniform, log_uniform, seed_hash
 from domaingen.devices import to_device
@@ -58,7 +56,6 @@ RESNET_HPARAMS: dict[str, HParam] = {
     "image_size": HParam(224, help="side of the square network input, in pixels"),
     "num_workers": HParam("auto", help="DataLoader worker processes; auto = min(8, CPUs available)"),
 }
-
 
 def train_transform(size: int) -> Callable[[Image.Image], torch.Tensor]:
     """DomainBed's training augmentation at `size` pixels, ImageNet-normalised."""
@@ -197,6 +194,9 @@ class CachedExamples(FileExamples):
 
     def __init__(self, environments: Sequence[FileEnvironment], cache: ImageCache, size: int,
                  augmented: Sequence[int] | None = None) -> None:
+        # imported here: torchvision's import is a large share of a short MNIST job, which never uses it
+        from domaingen.datasets.tensor_augment import tensor_eval_transform, tensor_train_transform
+
         super().__init__(environments, tensor_train_transform(size), tensor_eval_transform, augmented)
         self.cache = cache
         self.offsets = [0]

@@ -32,8 +32,8 @@ from torchvision.transforms import functional as F1
 from torchvision.transforms import v2
 from torchvision.transforms.v2 import functional as F
 
-IMAGENET_MEAN = (0.485, 0.456, 0.406)
-IMAGENET_STD = (0.229, 0.224, 0.225)
+from domaingen.datasets.base import IMAGENET_MEAN, IMAGENET_STD
+
 
 # where each channel's hue plateau (the hues at which it is the minimum) is centred, in sixths of a turn
 _CHANNEL_CENTRES = torch.tensor([3.0, 5.0, 1.0]).view(3, 1, 1)
