@@ -121,7 +121,10 @@ weights, same minibatches), so this removes the restart's own noise.
 `--fields GLOB ...` adds a table of any number the runs record, read at each
 trial's selected checkpoint (e.g. `--fields 'modreg_*kept_fraction'` for
 ModReg's kept weights per layer, `'dmg_*iou'` for DMG), printed as recorded
-rather than as a percentage:
+rather than as a percentage. Two fields are derived for every record: `train_acc`, the
+mean in-split accuracy over the run's training environments, and `train_collapsed`, 1
+when that is within 5 points of chance (a run that does not fit its own training data,
+whatever its held-out score reads; its mean over trials is the share of collapsed ones):
 
 ```
 domaingen collect --input_dir sweeps_out/table1 --selection last --error se --paired --fields 'modreg_*kept_fraction'
