@@ -269,3 +269,23 @@ def test_channels_last_batches_copies_examples_that_are_not_slots_of_one_batch()
     assert batch.data_ptr() == whole.data_ptr() and torch.equal(batch, whole)
     (batch,), _ = channels_last_batches([(whole[1], 1), (whole[0], 0)], batch_size=2)  # out of order: copied
     assert batch.data_ptr() != whole.data_ptr() and torch.equal(batch, whole.flip(0))
+
+
+def test_cached_training_batches_reuse_memory_only_once_nothing_holds_it(data_dir, tmp_path):
+    from domaingen.datasets.splits import split_environments
+
+    dataset = PACS(str(data_dir), [3], SMALL)
+    dataset.use_image_cache(tmp_path / "cache")
+    splits = [s_in for s_in, _ in split_environments(dataset, 0.2, 0)[:3]]
+    sampler = dataset.minibatch_sampler(splits, 3, 0, torch.device("cpu"))
+    first = sampler.next()
+    kept = [x.clone() for x, _ in first]
+    second = sampler.next()
+    assert all(torch.equal(x, k) for (x, _), k in zip(first, kept))  # held: not written over
+    held = {x.data_ptr() for x, _ in first + second}
+    assert len(held) == 6
+    first_pointers = {x.data_ptr() for x, _ in first}
+    del first, kept
+    third = sampler.next()
+    assert {x.data_ptr() for x, _ in third} == first_pointers  # released: written again
+    assert all(not torch.equal(a, b) for (a, _), (b, _) in zip(second, third))

@@ -38,6 +38,7 @@ from domaingen.devices import to_device
 log = logging.getLogger(__name__)
 
 MAX_AUTO_WORKERS = 8
+MAX_POOLED_BATCHES = 8  # CachedExamples: one per environment of a step, for the steps whose batches are still held
 
 RESNET_HPARAMS: dict[str, HParam] = {
     "lr": HParam(5e-5, log_uniform(-5, -3.5), "Adam learning rate"),
@@ -212,6 +213,7 @@ class CachedExamples(FileExamples):
                  augmented: Sequence[int] | None = None) -> None:
         super().__init__(environments, tensor_train_transform(size), tensor_eval_transform, augmented)
         self.augmentation = tensor_augmentation(size)  # train_tf without its normalisation
+        self._batches: list[torch.Tensor] = []  # batches this process wrote, reused once nothing else holds them
         self.size = size
         self.cache = cache
         self.offsets = [0]
@@ -230,7 +232,7 @@ class CachedExamples(FileExamples):
             stop = start + 1
             while stop < len(keys) and keys[stop][0] == keys[start][0]:
                 stop += 1
-            batch = _new_batch((stop - start, self.size, self.size, 3), torch.float32).permute(0, 3, 1, 2)
+            batch = self._batch((stop - start, self.size, self.size, 3)).permute(0, 3, 1, 2)
             for slot, key in zip(batch, keys[start:stop]):
                 image, aug_seed, label = self._example(key)
                 if aug_seed is None:
@@ -240,6 +242,23 @@ class CachedExamples(FileExamples):
                 examples.append((slot, label))
             start = stop
         return examples
+
+    def _batch(self, shape: tuple[int, ...]) -> torch.Tensor:
+        """An uninitialised float tensor of `shape`: outside DataLoader workers, one this process wrote before
+        and nothing references any more, where there is one. Fresh memory of this size is mapped anew and
+        page-faulted in on each write, which costs more than the images' augmentation."""
+        if torch.utils.data.get_worker_info() is not None or not hasattr(torch._C, "_storage_Use_Count"):
+            return _new_batch(shape, torch.float32)
+        for batch in self._batches:
+            # 2: the pool's tensor and the storage object of this call; a view or copy-free move adds one
+            if batch.shape == shape and torch._C._storage_Use_Count(batch.untyped_storage()._cdata) == 2:
+                return batch
+        batch = torch.empty(shape)
+        self._batches = [batch, *self._batches[:MAX_POOLED_BATCHES - 1]]
+        return batch
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "_batches": []}
 
     def collate(self, batch_size: int) -> Callable[[list], tuple[tuple[torch.Tensor, ...], torch.Tensor]]:
         """The training DataLoader's collate_fn: `channels_last_batches` of `batch_size` examples each."""
