@@ -11,6 +11,8 @@ What differs from the PIL path:
 
 - the pixels are converted to float after the flip, so the four colour adjustments round once,
   at the end, where PIL rounds to uint8 after each (differences of a grey level or two);
+- the training loader (`CachedExamples`) normalises with `normalize_into`, one multiply-add written
+  into a slot of a channels-last batch, equal to Normalize within float rounding (about 1e-6);
 - hue is rotated by `adjust_hue_hexcone`, the same HSV (hexcone) rotation as torchvision's
   `adjust_hue` in closed form (equal to it within 1e-5, and four times faster);
 - **named departure: crops of the square cache.** The crop is drawn on the cached image, which
