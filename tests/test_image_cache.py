@@ -19,6 +19,7 @@ from domaingen.datasets import image_cache as ic
 from domaingen.datasets.image_cache import IMAGE_CACHE_DIR_ENV, image_cache_dir, open_image_cache, tree_fingerprint
 from domaingen.datasets.images import PACS
 from domaingen.datasets.loading import CachedExamples, decoded_square
+from domaingen.devices import to_device
 from domaingen.errors import DomaingenError
 from domaingen.run.training import TrainConfig, train
 from imagetree import make_folder_tree
@@ -229,3 +230,62 @@ def test_a_pickled_cache_carries_no_pixels_and_maps_the_file_again(data_dir, tmp
     data = pickle.dumps(cache)  # what a spawned DataLoader worker receives
     assert len(data) < 2000 < cache.count * 3 * 24 * 24
     assert torch.equal(pickle.loads(data).image(7), cache.image(7))
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_cached_training_batches_are_channels_last_and_equal_the_examples_one_by_one(data_dir, tmp_path, workers):
+    """The training loader's batches are written in place as channels-last batches, one per environment, equal
+    to the examples computed one at a time, and move to the CPU device without a copy."""
+    from domaingen.datasets.loading import InfiniteTrainingBatches
+    from domaingen.datasets.splits import split_environments
+
+    dataset = PACS(str(data_dir), [3], {**SMALL, "num_workers": workers})
+    dataset.use_image_cache(tmp_path / "cache")
+    splits = [s_in for s_in, _ in split_environments(dataset, 0.2, 0)[:3]]
+    sampler = dataset.minibatch_sampler(splits, 3, 0, torch.device("cpu"))
+    keys = next(iter(InfiniteTrainingBatches(sampler.splits, 3, 0)))
+    parts = sampler.next()
+    examples = dataset.examples()
+    for j, (x, y) in enumerate(parts):
+        assert x.shape == (3, 3, 24, 24) and x.is_contiguous(memory_format=torch.channels_last)
+        expected = [examples[key] for key in keys[3 * j:3 * j + 3]]
+        assert torch.allclose(x, torch.stack([e[0] for e in expected]), atol=1e-5)  # fused normalisation rounds
+        assert y.tolist() == [e[1] for e in expected]
+    moved = to_device(parts[0][0], torch.device("cpu"))
+    assert moved.data_ptr() == parts[0][0].data_ptr()
+
+
+def test_channels_last_batches_copies_examples_that_are_not_slots_of_one_batch():
+    from domaingen.datasets.loading import channels_last_batches
+
+    images = [torch.rand(3, 5, 4) for _ in range(4)]
+    batches, labels = channels_last_batches([(x, k) for k, x in enumerate(images)], batch_size=2)
+    assert len(batches) == 2 and labels.tolist() == [0, 1, 2, 3]
+    for j, batch in enumerate(batches):
+        assert batch.is_contiguous(memory_format=torch.channels_last)
+        assert torch.equal(batch, torch.stack(images[2 * j:2 * j + 2]))
+    whole = torch.rand(2, 5, 4, 3).permute(0, 3, 1, 2)
+    (batch,), _ = channels_last_batches([(whole[0], 0), (whole[1], 1)], batch_size=2)
+    assert batch.data_ptr() == whole.data_ptr() and torch.equal(batch, whole)
+    (batch,), _ = channels_last_batches([(whole[1], 1), (whole[0], 0)], batch_size=2)  # out of order: copied
+    assert batch.data_ptr() != whole.data_ptr() and torch.equal(batch, whole.flip(0))
+
+
+def test_cached_training_batches_reuse_memory_only_once_nothing_holds_it(data_dir, tmp_path):
+    from domaingen.datasets.splits import split_environments
+
+    dataset = PACS(str(data_dir), [3], SMALL)
+    dataset.use_image_cache(tmp_path / "cache")
+    splits = [s_in for s_in, _ in split_environments(dataset, 0.2, 0)[:3]]
+    sampler = dataset.minibatch_sampler(splits, 3, 0, torch.device("cpu"))
+    first = sampler.next()
+    kept = [x.clone() for x, _ in first]
+    second = sampler.next()
+    assert all(torch.equal(x, k) for (x, _), k in zip(first, kept))  # held: not written over
+    held = {x.data_ptr() for x, _ in first + second}
+    assert len(held) == 6
+    first_pointers = {x.data_ptr() for x, _ in first}
+    del first, kept
+    third = sampler.next()
+    assert {x.data_ptr() for x, _ in third} == first_pointers  # released: written again
+    assert all(not torch.equal(a, b) for (a, _), (b, _) in zip(second, third))

@@ -91,7 +91,9 @@ domaingen train --dataset PACS --algorithm ERM --test_envs 0 --data_dir ~/data -
   PIL path's; training applies DomainBed's augmentation to the tensors (torchvision
   transforms v2, the same random draws), with one named departure: crops are taken from the
   square resized image, which for a non-square original changes the aspect distortion (see
-  `domaingen/datasets/tensor_augment.py`). `python -m domaingen.bench --only loader` times both.
+  `domaingen/datasets/tensor_augment.py`); its training batches are written in place as
+  channels-last batches, one per environment, the layout the model reads. `python -m domaingen.bench
+  --only loader` times both.
 - **WILDS.** With `pip install 'domaingen-bench[wilds]'` the wilds classes read labels,
   metadata and splits (and torch-scatter is used when installed, else a small
   stand-in for the one group-mean WILDS needs); without it, the per-hospital and

@@ -36,6 +36,7 @@ from domaingen.devices import to_device
 log = logging.getLogger(__name__)
 
 MAX_AUTO_WORKERS = 8
+MAX_POOLED_BATCHES = 8  # CachedExamples: one per environment of a step, for the steps whose batches are still held
 
 RESNET_HPARAMS: dict[str, HParam] = {
     "lr": HParam(5e-5, log_uniform(-5, -3.5), "Adam learning rate"),
@@ -163,6 +164,12 @@ class FileExamples(Dataset):
         return load_rgb(self.environments[env_index].paths[position])
 
     def __getitem__(self, key: tuple[int, int, int | None]) -> tuple[torch.Tensor, int]:
+        image, aug_seed, label = self._example(key)
+        return self._transform(image, aug_seed), label
+
+    def _example(self, key: tuple[int, int, int | None]) -> tuple[Any, int | None, int]:
+        """(decoded image, augmentation seed or None: the evaluation transform, label) of `key`; the next
+        readable example of its environment where its file is unreadable."""
         env_index, position, aug_seed = key
         env = self.environments[env_index]
         for attempt in range(len(env)):
@@ -173,31 +180,42 @@ class FileExamples(Dataset):
                 log.warning("skipping unreadable image %s (%s); using the next one", env.paths[p], exc)
                 continue
             augment = aug_seed is not None and (self.augmented is None or env_index in self.augmented)
-            return self._transform(image, aug_seed if augment else None), int(env.y[p])
+            return image, aug_seed if augment else None, int(env.y[p])
         raise DomaingenError(f"no readable image in environment {env.name}")
 
     def _transform(self, image: Any, aug_seed: int | None) -> torch.Tensor:
         if aug_seed is None:
             return self.eval_tf(image)
-        # torchvision's random transforms use torch's global CPU generator; seed it per example
-        # without disturbing the caller's stream (workers=0 runs this in the main process). Only the
-        # CPU generator: torch.manual_seed also queues a CUDA seeding, with a stack trace, each call.
-        with torch.random.fork_rng(devices=[]):
-            torch.default_generator.manual_seed(aug_seed)
-            return self.train_tf(image)
+        return seeded(self.train_tf, image, aug_seed)
+
+
+def seeded(transform: Callable[[Any], torch.Tensor], image: Any, seed: int) -> torch.Tensor:
+    """`transform(image)` with torch's global CPU generator seeded by `seed`, the caller's stream untouched."""
+    # torchvision's random transforms use torch's global CPU generator (workers=0 runs them in the main
+    # process). Only the CPU generator: torch.manual_seed also queues a CUDA seeding, with a stack trace.
+    with torch.random.fork_rng(devices=[]):
+        torch.default_generator.manual_seed(seed)
+        return transform(image)
 
 
 class CachedExamples(FileExamples):
     """FileExamples read from a decoded-image cache: uint8 tensors at the evaluation size, through
     DomainBed's transforms on tensors (`tensor_augment`). Evaluation pixels equal the PIL path's;
-    training draws the same augmentation parameters, with the departures `tensor_augment` names."""
+    training draws the same augmentation parameters, with the departures `tensor_augment` names.
+
+    A DataLoader batch (`__getitems__`) is written straight into channels-last batches, one per run of
+    keys of one environment, which `channels_last_batches` hands on without a copy."""
 
     def __init__(self, environments: Sequence[FileEnvironment], cache: ImageCache, size: int,
                  augmented: Sequence[int] | None = None) -> None:
         # imported here: torchvision's import is a large share of a short MNIST job, which never uses it
-        from domaingen.datasets.tensor_augment import tensor_eval_transform, tensor_train_transform
+        from domaingen.datasets.tensor_augment import (tensor_augmentation, tensor_eval_transform,
+                                                       tensor_train_transform)
 
         super().__init__(environments, tensor_train_transform(size), tensor_eval_transform, augmented)
+        self.augmentation = tensor_augmentation(size)  # train_tf without its normalisation
+        self._batches: list[torch.Tensor] = []  # batches this process wrote, reused once nothing else holds them
+        self.size = size
         self.cache = cache
         self.offsets = [0]
         for env in self.environments[:-1]:
@@ -206,11 +224,96 @@ class CachedExamples(FileExamples):
     def _transform(self, image: torch.Tensor, aug_seed: int | None) -> torch.Tensor:
         return super()._transform(image, aug_seed).contiguous()  # the cache's images are channels last
 
+    def __getitems__(self, keys: Sequence[tuple[int, int, int | None]]) -> list[tuple[torch.Tensor, int]]:
+        """The examples of `keys`, each image a (3, S, S) slot of a channels-last float batch: one batch per
+        run of consecutive keys of one environment (in shared memory inside a DataLoader worker)."""
+        from domaingen.datasets.tensor_augment import normalize_into
+
+        examples = []
+        start = 0
+        while start < len(keys):
+            stop = start + 1
+            while stop < len(keys) and keys[stop][0] == keys[start][0]:
+                stop += 1
+            batch = self._batch((stop - start, self.size, self.size, 3)).permute(0, 3, 1, 2)
+            for slot, key in zip(batch, keys[start:stop]):
+                image, aug_seed, label = self._example(key)
+                if aug_seed is None:
+                    slot.copy_(self.eval_tf(image))
+                else:
+                    normalize_into(seeded(self.augmentation, image, aug_seed), slot)
+                examples.append((slot, label))
+            start = stop
+        return examples
+
+    def _batch(self, shape: tuple[int, ...]) -> torch.Tensor:
+        """An uninitialised float tensor of `shape`: outside DataLoader workers, one this process wrote before
+        and nothing references any more, where there is one. Fresh memory of this size is mapped anew and
+        page-faulted in on each write, which costs more than the images' augmentation."""
+        if torch.utils.data.get_worker_info() is not None or not hasattr(torch._C, "_storage_Use_Count"):
+            return _new_batch(shape, torch.float32)
+        for batch in self._batches:
+            # 2: the pool's tensor and the storage object of this call; a view or copy-free move adds one
+            if batch.shape == shape and torch._C._storage_Use_Count(batch.untyped_storage()._cdata) == 2:
+                return batch
+        batch = torch.empty(shape)
+        self._batches = [batch, *self._batches[:MAX_POOLED_BATCHES - 1]]
+        return batch
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "_batches": []}
+
+    def collate(self, batch_size: int) -> Callable[[list], tuple[tuple[torch.Tensor, ...], torch.Tensor]]:
+        """The training DataLoader's collate_fn: `channels_last_batches` of `batch_size` examples each."""
+        return functools.partial(channels_last_batches, batch_size=batch_size)
+
     def load(self, env_index: int, position: int) -> torch.Tensor:
         index = self.offsets[env_index] + position
         if index in self.cache.unreadable:
             raise OSError("it could not be decoded when the image cache was built")
         return self.cache.image(index)
+
+
+def _new_batch(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    """An uninitialised tensor of `shape`, in shared memory inside a DataLoader worker (as default_collate's
+    batches are, so sending it to the main process copies nothing)."""
+    if torch.utils.data.get_worker_info() is None:
+        return torch.empty(shape, dtype=dtype)
+    numel = int(np.prod(shape))
+    storage = torch.UntypedStorage._new_shared(numel * torch.empty((), dtype=dtype).element_size())
+    return torch.empty((0,), dtype=dtype).set_(storage, 0, shape)
+
+
+def _whole_batch(images: Sequence[torch.Tensor]) -> torch.Tensor | None:
+    """The channels-last batch whose slots are `images`, in order and all of it (None: they are not)."""
+    base = images[0]._base
+    if base is None or base.dim() != 4 or base.shape[0] != len(images):
+        return None
+    step = base.stride(0) * base.element_size()
+    for i, image in enumerate(images):
+        if image._base is not base or image.data_ptr() != base.data_ptr() + i * step:
+            return None
+    return base.permute(0, 3, 1, 2)
+
+
+def channels_last_batches(examples: list[tuple[torch.Tensor, int]],
+                          batch_size: int) -> tuple[tuple[torch.Tensor, ...], torch.Tensor]:
+    """(one channels-last (batch_size, C, H, W) batch per consecutive `batch_size` examples, the labels).
+
+    Channels last is the layout `to_device` gives image batches, so it moves them without a copy on the
+    CPU. Examples that `CachedExamples.__getitems__` wrote into one such batch are that batch, not copied.
+    """
+    images = [x for x, _ in examples]
+    batches = []
+    for start in range(0, len(images), batch_size):
+        chunk = images[start:start + batch_size]
+        batch = _whole_batch(chunk)
+        if batch is None:
+            channels, height, width = chunk[0].shape
+            batch = _new_batch((len(chunk), height, width, channels), chunk[0].dtype).permute(0, 3, 1, 2)
+            torch.stack(chunk, out=batch)
+        batches.append(batch)
+    return tuple(batches), torch.tensor([y for _, y in examples])
 
 
 class InfiniteTrainingBatches(Sampler):
@@ -271,6 +374,8 @@ class LoaderMinibatches:
             num_workers=self.num_workers,
             persistent_workers=self.num_workers > 0,
             pin_memory=torch.cuda.is_available(),
+            **({"collate_fn": self.examples.collate(self.batch_size)} if isinstance(self.examples, CachedExamples)
+               else {}),
         )
         return iter(loader)
 
@@ -281,8 +386,9 @@ class LoaderMinibatches:
         x, y = next(self._iterator)
         self.consumed += 1
         n = self.batch_size
+        parts = x if isinstance(x, (tuple, list)) else [x[j * n:(j + 1) * n] for j in range(len(self.splits))]
         return [
-            (to_device(x[j * n:(j + 1) * n], self.device), y[j * n:(j + 1) * n].to(self.device, non_blocking=True))
+            (to_device(parts[j], self.device), y[j * n:(j + 1) * n].to(self.device, non_blocking=True))
             for j in range(len(self.splits))
         ]
 
