@@ -17,8 +17,8 @@ from domaingen.run import loggers as run_loggers
 from domaingen.run.loggers import scalars
 from domaingen.run.rundir import RunDirectory
 from domaingen.run.training import TrainConfig, train
+from domaingen.testing import VOLATILE_FIELDS
 
-VOLATILE = {"step_time", "eval_time", "mem_gb"}
 
 
 def config(out, **kw) -> TrainConfig:
@@ -29,7 +29,7 @@ def config(out, **kw) -> TrainConfig:
 
 def stable(records):
     """Records without timings, and args without the output directory (each test writes its own)."""
-    return [{**{k: v for k, v in r.items() if k not in VOLATILE},
+    return [{**{k: v for k, v in r.items() if k not in VOLATILE_FIELDS},
              "args": {k: v for k, v in r["args"].items() if k != "output_dir"}} for r in records]
 
 
