@@ -161,7 +161,7 @@ def test_collect_shows_every_combiner_as_a_row_in_every_format(sweep, capsys):
     code, out, _ = cli(capsys, "collect", "--input_dir", str(root), "--selection", "training")
     line = next(l for l in out.splitlines() if l.startswith("| ERM (soup)"))
     assert f"{100 * test_acc['ERM (soup)']:.1f}" in line
-    assert "X (ENS): each trial's runs combined by `domaingen average` from the checkpoints training-domain " \
+    assert "X (ENS): each trial's runs combined by domaingen average from the checkpoints training-domain " \
         "validation chose (as this table's rule does), X (soup) from their last ones" in out
     code, out, _ = cli(capsys, "collect", "--input_dir", str(root), "--selection", "oracle")
     assert "validation chose (not this table's rule)" in out

@@ -322,7 +322,7 @@ def combined_note(records: pd.DataFrame, method: str) -> str:
     if "run" not in records or not records["run"].astype(str).str.startswith(f"{COMBINED_DIR}/").any():
         return ""
     rule = "as this table's rule does" if method == "training" else "not this table's rule"
-    return ("; rows X (DiWA-uniform), X (DiWA-greedy), X (ENS): each trial's runs combined by `domaingen average` "
+    return ("; rows X (DiWA-uniform), X (DiWA-greedy), X (ENS): each trial's runs combined by domaingen average "
             f"from the checkpoints training-domain validation chose ({rule}), X (soup) from their last ones")
 
 
