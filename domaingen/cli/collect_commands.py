@@ -321,6 +321,36 @@ def _domain_masks(ns: argparse.Namespace) -> int:
     return _write(render(tables, ns.format, ns.error), ns.output)
 
 
+def _verdict_arguments(p: argparse.ArgumentParser) -> None:
+    _add_input(p, PLAIN_FORMATS, several=True)
+    p.add_argument("--claims", default="modreg_claims", metavar="FILE.csv|NAME",
+                   help="the published gains to judge (columns: claim, dataset, test_env, featurizer, base, method, "
+                        "base_mean, method_mean, selection, source): a CSV file, or a shipped one's name (default: "
+                        "modreg_claims, the ModReg abstract's)")
+    p.add_argument("--split_by", nargs="+", default=[], metavar="HPARAM",
+                   help="the hyperparameters a grid varies: each point of the method becomes a row (the defaults "
+                        "are the row whose values are the method's defaults)")
+
+
+def _verdict(ns: argparse.Namespace) -> int:
+    from domaingen.cli.sweep_commands import _collection, _write, labelled_sources
+    from domaingen.tables.collect import merged, split_by_hparams
+    from domaingen.tables.verdict import default_rows, judge, read_claims, verdict_csv, verdict_markdown
+
+    claims = read_claims(ns.claims)
+    sources = list(ns.input_dir)
+    if len(sources) == 1:
+        collection = _collection(sources[0], ns)
+    else:
+        collection = merged([(label, _collection(path, ns)) for label, path in labelled_sources(sources)],
+                            label_algorithms=False)
+    if ns.split_by:
+        collection = split_by_hparams(collection, ns.split_by)
+    defaults = default_rows(claims, ns.split_by)
+    verdicts = [judge(claim, collection, defaults) for claim in claims]
+    return _write((verdict_csv if ns.format == "csv" else verdict_markdown)(verdicts), ns.output)
+
+
 def _manifest_arguments(p: argparse.ArgumentParser) -> None:
     _add_input(p, PLAIN_FORMATS)
 
@@ -410,6 +440,10 @@ VIEWS: dict[str, View] = {
     "intervals": View(
         "per selection method and algorithm, the mean and the interquartile mean of test accuracy over all runs "
         "of all datasets, with stratified bootstrap intervals (rliable)", _intervals_arguments, _intervals),
+    "verdict": View(
+        "per published claim of a gain (a claims file), the method's defaults and grid points paired with the "
+        "base by trial, the best point's gain with its 95%% interval, collapsed runs, and a verdict by a stated rule",
+        _verdict_arguments, _verdict),
     "manifest": View(
         "each distinct code version, torch version and device of the done runs behind the tables (their "
         "manifest.json), with its number of runs", _manifest_arguments, _manifest),

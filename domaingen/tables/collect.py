@@ -336,13 +336,14 @@ def adapted_algorithms(records: pd.DataFrame) -> list[str]:
     return sorted(records.loc[records["adapter"].notna(), "algorithm"].unique())
 
 
-def labelled(collection: Collection, label: str) -> Collection:
+def labelled(collection: Collection, label: str, algorithms: bool = True) -> Collection:
     """`collection` with every algorithm named `ALGORITHM (label)` and every run `label/RUN`,
-    so that several sweeps' runs can stand in one table as rows of their own."""
+    so that several sweeps' runs can stand in one table as rows of their own (with `algorithms`
+    False only the runs are renamed: the sweeps' runs of one algorithm then share its rows)."""
 
     def rename(frame: pd.DataFrame) -> pd.DataFrame:
         frame = frame.copy()
-        for column in ("algorithm", "base_algorithm"):
+        for column in ("algorithm", "base_algorithm") if algorithms else ():
             if column in frame:
                 frame[column] = frame[column].map(lambda a: f"{a} ({label})" if isinstance(a, str) else a)
         if "run" in frame:
@@ -388,13 +389,13 @@ def split_by_hparams(collection: Collection, keys: Sequence[str]) -> Collection:
                       collection.bundle, collection.protocol, collection.skipped, adapted)
 
 
-def merged(parts: Sequence[tuple[str, Collection]]) -> Collection:
+def merged(parts: Sequence[tuple[str, Collection]], label_algorithms: bool = True) -> Collection:
     """Several labelled collections as one (see `labelled`); they must share a protocol."""
     protocols = {label: c.protocol for label, c in parts}
     if len(set(protocols.values())) > 1:
         listed = ", ".join(f"{label}: {protocol}" for label, protocol in protocols.items())
         raise DomaingenError(f"the inputs follow different protocols ({listed}); a table never mixes them")
-    named = [labelled(c, label) for label, c in parts]
+    named = [labelled(c, label, label_algorithms) for label, c in parts]
     return Collection(pd.concat([c.records for c in named], ignore_index=True),
                       [f for c in named for f in c.failed], [r for c in named for r in c.incomplete],
                       pd.concat([c.runs for c in named], ignore_index=True),

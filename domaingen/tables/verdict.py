@@ -1,0 +1,338 @@
+"""A published claim of a gain, set against our runs: `domaingen collect verdict`.
+
+A claims file (shipped: `published/modreg_claims.csv`; or any CSV with the same columns) names
+per claim a dataset, a held-out environment, the featurizer the paper used, a base algorithm, the
+method that claims to improve on it, the two published accuracies, the selection rule our runs
+are read with, and where the numbers are published. For each claim, over the runs of that dataset
+whose featurizer is the claim's:
+
+- the method's points: every row of the method in the tables (`ALGORITHM`, or with `--split_by`
+  `ALGORITHM (hparam=value, ...)`: the defaults and each grid point), each paired with the base
+  algorithm trial by trial (same trial_seed: same initial weights, splits and minibatches),
+  the differences' mean, their 95% t-interval and a paired test, Holm-adjusted over the points;
+- the best point: the one with the highest mean difference. It is chosen on test accuracy, the
+  choice most favourable to the method: a claim that fails even there fails everywhere, and the
+  Holm adjustment over every point tried pays for the choice when a gain is found;
+- collapse: how many of the best point's selected runs are within COLLAPSE_MARGIN of chance on
+  their own training environments (collect's `train_collapsed`), where a held-out score can read
+  as a gain (a model at chance scores 50% on Colored MNIST's -90% environment);
+- the verdict, by RULE.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Mapping, Sequence
+
+import numpy as np
+import pandas as pd
+from scipy import stats
+from tabulate import tabulate
+
+from domaingen.errors import DomaingenError
+from domaingen.tables.collect import COLLAPSED, Collection
+from domaingen.tables.comparisons import paired_cell
+from domaingen.tables.reference import PUBLISHED_DIR, _environment
+from domaingen.tables.reporting import Cell, build_tables
+from domaingen.tables.selection import selection_method_names
+from domaingen.tables.statistics import ALPHA, holm
+
+COLUMNS = ("claim", "dataset", "test_env", "featurizer", "base", "method", "base_mean", "method_mean", "selection",
+           "source")
+LEVEL = 0.95  # the t-interval's coverage
+
+REPRODUCED = "reproduced"
+SMALLER = "smaller gain"
+REFUTED = "refuted"
+INCONCLUSIVE = "inconclusive"
+OPEN = "open"
+UNTESTABLE = "untestable here"
+
+RULE = (f"Verdicts: '{REPRODUCED}' when some point's gain over the base is positive with a Holm-adjusted p below "
+        f"{ALPHA:g} (over every point tried) and the best point's {LEVEL:.0%} interval reaches the claimed gain; "
+        f"'{SMALLER}' when such a gain is found but the best point's interval lies below the claimed gain; "
+        f"'{REFUTED}' when no point gains significantly and the best point's interval lies below the claimed gain; "
+        f"'{INCONCLUSIVE}' when no point gains significantly and the interval still reaches the claimed gain. "
+        f"'{REFUTED}' and '{SMALLER}' need both the defaults and at least one other grid point tried, else the "
+        f"verdict is '{OPEN}'; '{UNTESTABLE}' when no run of the claim's dataset and featurizer has both the base "
+        f"and the method. The best point is chosen on test accuracy, the choice most favourable to the method.")
+
+
+@dataclass(frozen=True)
+class Claim:
+    """One published gain: `method` over `base` on `dataset` with `test_env` held out (accuracies in percent)."""
+
+    name: str
+    dataset: str
+    test_env: str
+    featurizers: tuple[str, ...]
+    base: str
+    method: str
+    base_mean: float
+    method_mean: float
+    selection: str
+    source: str
+
+    @property
+    def gain(self) -> float:
+        return self.method_mean - self.base_mean
+
+
+@dataclass
+class Point:
+    """One row of the method against the base: the paired differences (fractions) and their statistics."""
+
+    name: str
+    differences: list[float]
+    p_value: float = math.nan
+    p_holm: float = math.nan
+    collapsed: int = 0
+    method_cell: Cell = field(default_factory=Cell)
+
+    @property
+    def n(self) -> int:
+        return len(self.differences)
+
+    @property
+    def mean(self) -> float:
+        return float(np.mean(self.differences)) if self.differences else math.nan
+
+    def interval(self) -> tuple[float, float]:
+        """The t-interval of the mean difference at LEVEL; NaN with fewer than two pairs."""
+        if self.n < 2:
+            return math.nan, math.nan
+        half = stats.t.ppf(0.5 + LEVEL / 2, self.n - 1) * np.std(self.differences, ddof=1) / math.sqrt(self.n)
+        return self.mean - half, self.mean + half
+
+
+@dataclass
+class Verdict:
+    claim: Claim
+    verdict: str
+    reason: str = ""
+    base_cell: Cell = field(default_factory=Cell)
+    defaults: Point | None = None
+    best: Point | None = None
+    points: list[Point] = field(default_factory=list)
+
+
+def claims_path(name: str | os.PathLike) -> Path:
+    path = Path(name)
+    if path.suffix == ".csv" or path.exists():
+        return path
+    shipped = PUBLISHED_DIR / f"{name}.csv"
+    if shipped.exists():
+        return shipped
+    raise DomaingenError(f"claims {name}: no such file and no shipped claims file of that name (shipped: modreg_claims)")
+
+
+def _percent(text: str, where: str, what: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise DomaingenError(f"{where}: {what} {text!r} is not a number (percent, e.g. 71.7)") from None
+    if not math.isfinite(value):
+        raise DomaingenError(f"{where}: {what} {text!r} is not a finite number")
+    return value
+
+
+def read_claims(name: str | os.PathLike) -> list[Claim]:
+    """The claims of a CSV with COLUMNS (a path, or the name of a shipped file); one line per mistake."""
+    path = claims_path(name)
+    try:
+        frame = pd.read_csv(path, dtype=str, keep_default_na=False)
+    except FileNotFoundError:
+        raise DomaingenError(f"claims file {path} not found") from None
+    except (pd.errors.EmptyDataError, pd.errors.ParserError, UnicodeDecodeError):
+        raise DomaingenError(f"claims file {path} is not a CSV with the columns {', '.join(COLUMNS)}") from None
+    frame.columns = [c.strip() for c in frame.columns]
+    missing = [c for c in COLUMNS if c not in frame.columns]
+    if missing:
+        raise DomaingenError(f"claims file {path} lacks the column(s) {', '.join(missing)}; it needs {', '.join(COLUMNS)}")
+    claims = []
+    for i, row in enumerate(frame.to_dict("records")):
+        row = {k: str(v).strip() for k, v in row.items()}
+        where = f"claims file {path} line {i + 2}"
+        if row["selection"] not in selection_method_names():
+            raise DomaingenError(f"{where}: selection {row['selection']!r} is not one of {', '.join(selection_method_names())}")
+        if not row["source"]:
+            raise DomaingenError(f"{where}: the source is empty; name where the numbers are published")
+        claims.append(Claim(row["claim"], row["dataset"], _environment(row["dataset"], row["test_env"], where),
+                            tuple(f.strip() for f in row["featurizer"].split("|") if f.strip()), row["base"],
+                            row["method"], _percent(row["base_mean"], where, "base_mean"),
+                            _percent(row["method_mean"], where, "method_mean"), row["selection"], row["source"]))
+    return claims
+
+
+def _featurizer(hparams: str) -> str:
+    return str(json.loads(hparams).get("featurizer", ""))
+
+
+def claim_records(collection: Collection, claim: Claim) -> Collection:
+    """The collection narrowed to the claim's dataset and featurizers (runs and records alike)."""
+    records = collection.records
+    if records.empty:
+        return Collection(records)
+    keep = (records["dataset"] == claim.dataset) & records["hparams"].map(_featurizer).isin(claim.featurizers)
+    mine = records[keep]
+    runs = collection.runs
+    if len(runs) and "run" in runs:
+        runs = runs[runs["run"].isin(set(mine["run"]))]
+    return Collection(mine, runs=runs, protocol=collection.protocol)
+
+
+def _collapsed(records: pd.DataFrame, cell: Cell) -> int:
+    """How many of the cell's selected runs collapsed: COLLAPSED at the selected step, or, where that
+    step did not evaluate the training splits, at the run's last step that did."""
+    if COLLAPSED not in records:
+        return 0
+    flagged = records[records[COLLAPSED].notna()].sort_values("step")
+    at_step = flagged.set_index(["run", "step"])[COLLAPSED]
+    last = flagged.groupby("run")[COLLAPSED].last()
+    count = 0
+    for t in cell.trace:
+        value = at_step.get((t["run"], t["step"]), last.get(t["run"]))
+        count += bool(value) if value is not None else 0
+    return count
+
+
+def is_method_row(row: str, method: str) -> bool:
+    """Whether a table row is the method: its name, or its name with split hyperparameters in brackets."""
+    return row == method or (row.startswith(method + " (") and row.endswith(")"))
+
+
+def judge(claim: Claim, collection: Collection, defaults: Mapping[str, str] | None = None) -> Verdict:
+    """The claim's verdict over `collection` (see the module docstring and RULE).
+
+    `defaults` maps a method row to whether it is the defaults: by default the row named exactly
+    `claim.method`, or, with split hyperparameters, the row whose values are the method's defaults
+    as `default_rows` found them."""
+    mine = claim_records(collection, claim)
+    if mine.records.empty:
+        return Verdict(claim, UNTESTABLE, f"no run of {claim.dataset} with featurizer {' or '.join(claim.featurizers)}")
+    tables = [t for t in build_tables(mine, [claim.selection])
+              if t.key == f"{claim.dataset}/{claim.selection}/test"]
+    if not tables or claim.test_env not in tables[0].columns:
+        return Verdict(claim, UNTESTABLE, f"no run with {claim.test_env} held out")
+    table = tables[0]
+    column = table.columns.index(claim.test_env)
+    if claim.base not in table.rows or not table.rows[claim.base][column].values:
+        return Verdict(claim, UNTESTABLE, f"no {claim.base} run")
+    base = table.rows[claim.base][column]
+    points = []
+    for row, cells in table.rows.items():
+        if not is_method_row(row, claim.method) or not cells[column].values:
+            continue
+        paired = paired_cell(cells[column], base, test=True)
+        points.append(Point(row, list(paired.values), paired.p_value, collapsed=_collapsed(mine.records, cells[column]),
+                            method_cell=cells[column]))
+    if not points:
+        return Verdict(claim, UNTESTABLE, f"no {claim.method} run", base)
+    for point, adjusted in zip(points, holm([p.p_value for p in points])):
+        point.p_holm = adjusted
+    default_names = set((defaults or {}).get(claim.method, [claim.method]))
+    default = next((p for p in points if p.name in default_names), None)
+    best = max(points, key=lambda p: p.mean)
+    verdict = Verdict(claim, "", "", base, default, best, points)
+    gain = claim.gain / 100
+    significant = any(p.mean > 0 and p.p_holm < ALPHA for p in points)
+    high = best.interval()[1]
+    reaches = math.isnan(high) or high >= gain
+    if significant:
+        verdict.verdict = REPRODUCED if reaches else SMALLER
+    else:
+        verdict.verdict = INCONCLUSIVE if reaches else REFUTED
+    if verdict.verdict in (REFUTED, SMALLER) and (default is None or len(points) < 2):
+        verdict.reason = (f"would be '{verdict.verdict}', but " +
+                          ("the defaults were not run" if default is None else "no grid point beside the defaults was run"))
+        verdict.verdict = OPEN
+    return verdict
+
+
+def default_rows(claims: Sequence[Claim], split_by: Sequence[str]) -> dict[str, list[str]]:
+    """Per method of the claims, the row names its default hyperparameters get under `split_by`
+    (collect's split names: `METHOD (key=value, ...)` with json-encoded values), for every
+    dataset of the claims."""
+    from domaingen.algorithms import ALGORITHMS
+    from domaingen.datasets import DATASETS
+    from domaingen.hparams import run_space
+
+    names: dict[str, list[str]] = {}
+    for claim in claims:
+        if not split_by:
+            names.setdefault(claim.method, [claim.method])
+            continue
+        space = run_space(claim.dataset, DATASETS.get(claim.dataset), ALGORITHMS.get(claim.method))
+        values = [f"{k}={json.dumps(space[k].default)}" for k in split_by if k in space]
+        name = f"{claim.method} ({', '.join(values)})" if values else claim.method
+        names.setdefault(claim.method, [])
+        if name not in names[claim.method]:
+            names[claim.method].append(name)
+    return names
+
+
+def _pct(x: float, digits: int = 1) -> str:
+    return "—" if math.isnan(x) else f"{100 * x:+.{digits}f}"
+
+
+def _point_text(point: Point | None) -> str:
+    if point is None:
+        return "not run"
+    low, high = point.interval()
+    interval = "" if math.isnan(low) else f" [{_pct(low)}, {_pct(high)}]"
+    p = "" if math.isnan(point.p_holm) else f", p={point.p_holm:.2g}"
+    collapsed = f", {point.collapsed} of {point.n} collapsed" if point.collapsed else ""
+    return f"{_pct(point.mean)}{interval} (n={point.n}{p}{collapsed})"
+
+
+def _best_name(verdict: Verdict) -> str:
+    if verdict.best is None:
+        return "—"
+    name = verdict.best.name
+    inner = name[len(verdict.claim.method):].strip()
+    return inner[1:-1] if inner.startswith("(") else "defaults"
+
+
+def verdict_frame(verdicts: Sequence[Verdict]) -> pd.DataFrame:
+    """One row per claim: the published numbers, ours, the defaults' and the best point's gains, the verdict."""
+    rows = []
+    for v in verdicts:
+        c = v.claim
+        ours_base = f"{100 * v.base_cell.mean:.1f}" if v.base_cell.values else "—"
+        ours_method = f"{100 * v.best.method_cell.mean:.1f}" if v.best is not None else "—"
+        rows.append({
+            "claim": c.name,
+            "paper: base → method (gain)": f"{c.base_mean:g} → {c.method_mean:g} ({c.gain:+.2f})",
+            "ours: base → best method": f"{ours_base} → {ours_method}",
+            "defaults: gain [95% CI]": _point_text(v.defaults) if v.best is not None else "—",
+            "best point": _best_name(v),
+            "best: gain [95% CI]": _point_text(v.best),
+            "points": len(v.points),
+            "verdict": v.verdict + (f" ({v.reason})" if v.reason else ""),
+        })
+    return pd.DataFrame(rows)
+
+
+def verdict_markdown(verdicts: Sequence[Verdict]) -> str:
+    """The verdicts as Markdown: one table per selection rule, then the rule and where the numbers are from."""
+    frame = verdict_frame(verdicts)
+    selections = [v.claim.selection for v in verdicts]
+    lines = []
+    for selection in dict.fromkeys(selections):
+        rows = [i for i, s in enumerate(selections) if s == selection]
+        lines += [f"### Claims read with selection {selection}: gains in points, method minus base paired by trial", "",
+                  tabulate(frame.iloc[rows], headers="keys", tablefmt="github", showindex=False), ""]
+    sources = sorted({v.claim.source for v in verdicts})
+    lines.append(f"Published numbers: {'; '.join(sources)}. " + RULE +
+                 f" Intervals: Student's t at {LEVEL:.0%} over the paired trials; p: paired t-test (fewer than 6 "
+                 "pairs) or Wilcoxon signed-rank, Holm-adjusted over the claim's points. Collapsed: a selected run "
+                 "within 5 points of chance on its own training environments.")
+    return "\n".join(lines) + "\n"
+
+
+def verdict_csv(verdicts: Sequence[Verdict]) -> str:
+    return verdict_frame(verdicts).to_csv(index=False)

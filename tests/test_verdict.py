@@ -1,0 +1,156 @@
+"""collect verdict: a published gain set against the method's defaults and grid points, paired by trial."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+from scipy import stats
+
+from domaingen.cli.main import main
+from domaingen.errors import DomaingenError
+from domaingen.tables.collect import COLLAPSED, Collection, split_by_hparams
+from domaingen.tables.verdict import (INCONCLUSIVE, OPEN, REFUTED, REPRODUCED, SMALLER, UNTESTABLE, Claim,
+                                      default_rows, judge, read_claims, verdict_csv, verdict_markdown)
+from test_selection import rec
+
+BASE = [0.80, 0.82, 0.81, 0.83]  # ERM's held-out accuracy per trial
+DEFAULTS = [0.002, -0.002, 0.0, 0.001]  # ERM+ModReg at its defaults minus ERM, per trial
+STRONG = [0.03, 0.035, 0.032, 0.031]  # a grid point that gains in every trial
+WEAK = [-0.02, -0.03, -0.025, -0.01]  # a grid point that loses in every trial
+CLAIM = Claim("R-MNIST MLP, ERM", "RotatedMNIST", "0", ("MLP",), "ERM", "ERM+ModReg", 94.45, 95.43, "training",
+              "ModReg abstract, Table 1")
+
+
+def run_records(algorithm: str, tests, hparams: dict, tag: str, collapsed=None) -> list[dict]:
+    rows = []
+    for trial, test in enumerate(tests):
+        row = rec(algorithm, [0], 0, trial, 100, [test] + [0.95] * 5, [0.5] + [0.9] * 5, dataset="RotatedMNIST")
+        row["run"] = f"{tag}-{trial}"
+        row["hparams"] = json.dumps(hparams, sort_keys=True)
+        if collapsed is not None:
+            row[COLLAPSED] = float(collapsed[trial])
+        rows.append(row)
+    return rows
+
+
+def grid(points: dict[float, list[float]], featurizer: str = "MLP", collapsed=None) -> Collection:
+    """ERM, then ERM+ModReg at each modreg_scale (1.0 = the default) with the given differences from ERM."""
+    rows = run_records("ERM", BASE, {"featurizer": featurizer}, "erm")
+    for scale, diffs in points.items():
+        tests = [b + d for b, d in zip(BASE, diffs)]
+        rows += run_records("ERM+ModReg", tests, {"featurizer": featurizer, "modreg_scale": scale}, f"m{scale}",
+                            collapsed if scale != 1.0 else None)
+    return split_by_hparams(Collection(pd.DataFrame(rows)), ["modreg_scale"])
+
+
+def verdict_of(collection: Collection, claim: Claim = CLAIM):
+    return judge(claim, collection, default_rows([claim], ["modreg_scale"]))
+
+
+def test_default_rows_name_the_methods_defaults():
+    assert default_rows([CLAIM], ["modreg_scale", "modreg_mask_lr"]) == {
+        "ERM+ModReg": ["ERM+ModReg (modreg_scale=1.0, modreg_mask_lr=0.001)"]}
+    assert default_rows([CLAIM], []) == {"ERM+ModReg": ["ERM+ModReg"]}
+
+
+def test_points_are_paired_by_trial_with_a_t_interval_and_holm():
+    v = verdict_of(grid({1.0: DEFAULTS, 0.1: STRONG, 0.01: WEAK}))
+    by_name = {p.name: p for p in v.points}
+    strong = by_name["ERM+ModReg (modreg_scale=0.1)"]
+    assert strong.differences == pytest.approx(STRONG)
+    d = np.array(STRONG)
+    half = stats.t.ppf(0.975, 3) * d.std(ddof=1) / 2
+    assert strong.interval() == pytest.approx((d.mean() - half, d.mean() + half))
+    raw = [stats.ttest_1samp(np.array(x), 0).pvalue for x in (DEFAULTS, STRONG, WEAK)]
+    # Holm by hand: sorted ascending, the i-th smallest times (3 - i), kept monotone
+    order = np.argsort(raw)
+    adjusted, running = [0.0] * 3, 0.0
+    for i, at in enumerate(order):
+        running = max(running, min(1.0, (3 - i) * raw[at]))
+        adjusted[at] = running
+    names = ["ERM+ModReg (modreg_scale=1.0)", "ERM+ModReg (modreg_scale=0.1)", "ERM+ModReg (modreg_scale=0.01)"]
+    assert [by_name[n].p_holm for n in names] == pytest.approx(adjusted)
+    assert v.best is strong and v.defaults is by_name["ERM+ModReg (modreg_scale=1.0)"]
+    assert v.verdict == REPRODUCED  # a gain of 3.2 points, the claim 0.98: within reach
+
+
+def test_a_gain_below_the_claim_is_a_smaller_gain():
+    big_claim = Claim(**{**CLAIM.__dict__, "method_mean": CLAIM.base_mean + 10})
+    assert verdict_of(grid({1.0: DEFAULTS, 0.1: STRONG}), big_claim).verdict == SMALLER
+
+
+def test_refuted_needs_defaults_and_a_grid_point():
+    # both points lose: even the better one's interval lies below the claimed +0.98
+    assert max(np.mean(DEFAULTS) + stats.t.ppf(0.975, 3) * np.std(DEFAULTS, ddof=1) / 2, 0) < 0.0098
+    v = verdict_of(grid({1.0: DEFAULTS, 0.01: WEAK}))
+    assert v.verdict == REFUTED and v.best.name == "ERM+ModReg (modreg_scale=1.0)"
+    only_defaults = verdict_of(grid({1.0: DEFAULTS}))
+    assert only_defaults.verdict == OPEN
+    assert only_defaults.reason == "would be 'refuted', but no grid point beside the defaults was run"
+    no_defaults = verdict_of(grid({0.01: WEAK, 0.03: WEAK}))
+    assert no_defaults.verdict == OPEN and no_defaults.reason == "would be 'refuted', but the defaults were not run"
+
+
+def test_a_wide_interval_is_inconclusive():
+    noisy = [0.05, -0.06, 0.04, -0.05]
+    assert verdict_of(grid({1.0: noisy, 0.1: noisy[::-1]})).verdict == INCONCLUSIVE
+
+
+def test_claims_without_runs_are_untestable():
+    v = verdict_of(grid({1.0: DEFAULTS}, featurizer="MNIST_CNN"))
+    assert v.verdict == UNTESTABLE and v.reason == "no run of RotatedMNIST with featurizer MLP"
+    irm = Claim(**{**CLAIM.__dict__, "base": "IRM", "method": "IRM+ModReg"})
+    assert verdict_of(grid({1.0: DEFAULTS})).verdict != UNTESTABLE
+    assert judge(irm, grid({1.0: DEFAULTS})).reason == "no IRM run"
+
+
+def test_collapsed_runs_are_counted_at_the_best_point():
+    v = verdict_of(grid({1.0: DEFAULTS, 0.1: STRONG}, collapsed=[1, 0, 1, 0]))
+    assert v.best.collapsed == 2
+    assert "2 of 4 collapsed" in verdict_markdown([v])
+
+
+def test_markdown_and_csv_show_the_paper_and_ours():
+    v = verdict_of(grid({1.0: DEFAULTS, 0.1: STRONG}))
+    md = verdict_markdown([v])
+    assert "| R-MNIST MLP, ERM | 94.45 → 95.43 (+0.98)" in md
+    base, best = 100 * np.mean(BASE), 100 * np.mean([b + d for b, d in zip(BASE, STRONG)])
+    assert f"{base:.1f} → {best:.1f}" in md
+    assert "modreg_scale=0.1" in md and "reproduced" in md
+    assert "chosen on test accuracy, the choice most favourable to the method" in md
+    csv = pd.read_csv(__import__("io").StringIO(verdict_csv([v])))
+    assert csv["verdict"].tolist() == ["reproduced"] and csv["points"].tolist() == [2]
+    assert not math.isnan(v.best.p_holm)
+
+
+def test_claims_file_errors_are_one_line(tmp_path):
+    claims = read_claims("modreg_claims")
+    assert [c.name for c in claims][:2] == ["C-MNIST MLP, ERM", "C-MNIST MLP, IRM"]
+    assert claims[0].gain == pytest.approx(36.91 - 34.27) and claims[2].featurizers == ("auto", "MNIST_CNN")
+    with pytest.raises(DomaingenError, match="^claims nope: no such file and no shipped claims file of that name"):
+        read_claims("nope")
+    bad = tmp_path / "bad.csv"
+    bad.write_text("claim,dataset\nx,RotatedMNIST\n")
+    with pytest.raises(DomaingenError, match="lacks the column\\(s\\) test_env, featurizer"):
+        read_claims(bad)
+    header = "claim,dataset,test_env,featurizer,base,method,base_mean,method_mean,selection,source\n"
+    bad.write_text(header + "x,RotatedMNIST,0,MLP,ERM,ERM+ModReg,94,95,best,paper\n")
+    with pytest.raises(DomaingenError, match="line 2: selection 'best' is not one of"):
+        read_claims(bad)
+    bad.write_text(header + "x,RotatedMNIST,0,MLP,ERM,ERM+ModReg,high,95,training,paper\n")
+    with pytest.raises(DomaingenError, match="line 2: base_mean 'high' is not a number"):
+        read_claims(bad)
+    bad.write_text(header + "x,RotatedMNIST,7,MLP,ERM,ERM+ModReg,94,95,training,paper\n")
+    with pytest.raises(DomaingenError, match="line 2: test_env '7' is not an environment of RotatedMNIST"):
+        read_claims(bad)
+
+
+def test_verdict_command_refuses_a_missing_claims_file(tmp_path, capsys):
+    (tmp_path / "sweep").mkdir()
+    code = main(["collect", "verdict", "--input_dir", str(tmp_path / "sweep"), "--claims", str(tmp_path / "x.csv")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and "claims file" in err[0] and "not found" in err[0]
