@@ -321,8 +321,8 @@ def run_transfer(settings: TransferSettings, task_data: Callable[[int], TaskData
 def permuted_mnist_tasks(data_dir: str, train_examples: int | None = None,
                          test_examples: int | None = None) -> tuple[Callable[[int], TaskData], str]:
     """(task p -> MNIST with PermutedMNIST's permutation p, the data source). Full MNIST: its 60,000
-    training and 10,000 test digits; another source (the embedded sample): its last seventh as the
-    test set. `train_examples` / `test_examples` keep the first that many of each."""
+    training and 10,000 test digits; another source (the embedded sample), shuffled once: its last
+    seventh as the test set. `train_examples` / `test_examples` keep the first that many of each."""
     from domaingen.datasets.mnist import load_mnist
     from domaingen.datasets.permuted_mnist import pixel_permutation
 
@@ -331,14 +331,17 @@ def permuted_mnist_tasks(data_dir: str, train_examples: int | None = None,
             raise DomaingenError(f"{flag} must be positive, got {value}")
     digits = load_mnist(data_dir)
     n = len(digits.labels)
+    images, labels = digits.images.flatten(1), digits.labels
     n_train = 60000 if n == 70000 else n - n // 7
-    images = digits.images.flatten(1)
+    if n != 70000:  # the embedded sample is sorted by class: shuffle it once (DATA_SEED 0) before splitting
+        order = torch.randperm(n, generator=torch.Generator().manual_seed(0))
+        images, labels = images[order], labels[order]
     train = slice(0, min(n_train, train_examples or n_train))
     test = slice(n_train, n_train + min(n - n_train, test_examples or n))
 
     def task(p: int) -> TaskData:
         order = pixel_permutation(p)
-        return TaskData(images[train][:, order].contiguous(), digits.labels[train],
-                        images[test][:, order].contiguous(), digits.labels[test])
+        return TaskData(images[train][:, order].contiguous(), labels[train],
+                        images[test][:, order].contiguous(), labels[test])
 
     return task, f"{digits.source} (train {train.stop - train.start}, test {test.stop - test.start})"
