@@ -177,7 +177,7 @@ def test_cli_writes_the_record_and_collect_tabulates_mean_and_std(tmp_path, caps
         assert t["shared_total"] == pytest.approx(sum(s * k for s, k in zip(t["shared"], t["kept_weights"]))
                                                   / sum(t["kept_weights"]))
     capsys.readouterr()
-    assert main(["collect", "mask-transfer", "--input", str(a_path), str(b_path)]) == 0
+    assert main(["collect", "mask-transfer", "--records", str(a_path), str(b_path)]) == 0
     text = capsys.readouterr().out
     values = [100 * r["tasks"][1]["shared_total"] for r in (a, b)]
     mean, std = sum(values) / 2, abs(values[0] - values[1]) / math.sqrt(2)
@@ -189,7 +189,7 @@ def test_cli_writes_the_record_and_collect_tabulates_mean_and_std(tmp_path, caps
     cells = [c.strip() for c in p0.split("|")[1:-1]]
     assert cells[3] == cells[4] == f"{sum(when) / 2:.2f} ± {abs(when[0] - when[1]) / math.sqrt(2):.2f}"
     assert cells[5] == "0.00 ± 0.00"
-    assert main(["collect", "mask-transfer", "--input", str(a_path), "--format", "csv"]) == 0
+    assert main(["collect", "mask-transfer", "--records", str(a_path), "--format", "csv"]) == 0
     csv_lines = capsys.readouterr().out.splitlines()
     assert csv_lines[0] == "table,task,layer1 (784x16),layer2 (16x16),layer3 (16x10),all layers"
     assert csv_lines[1].split(",")[-1] == f"{values[0]:.1f}"
@@ -200,10 +200,20 @@ def test_collect_refuses_records_of_different_settings_or_other_files(tmp_path, 
     other = tmp_path / "other.json"
     other.write_text(json.dumps({**a, "settings": {**a["settings"], "steps": 40, "seed": 1}}))
     capsys.readouterr()
-    assert main(["collect", "mask-transfer", "--input", str(a_path), str(other)]) == 2
-    assert capsys.readouterr().err == (f"domaingen: error: --input {other} differs from {a_path} in steps; tabulate "
+    assert main(["collect", "mask-transfer", "--records", str(a_path), str(other)]) == 2
+    assert capsys.readouterr().err == (f"domaingen: error: --records {other} differs from {a_path} in steps; tabulate "
                                        "the records of one setting (seeds may differ)\n")
     stray = tmp_path / "stray.json"
     stray.write_text("{}")
-    assert main(["collect", "mask-transfer", "--input", str(stray)]) == 2
-    assert capsys.readouterr().err == f"domaingen: error: --input {stray} is not a record of `domaingen mask-transfer`\n"
+    assert main(["collect", "mask-transfer", "--records", str(stray)]) == 2
+    assert capsys.readouterr().err == f"domaingen: error: --records {stray} is not a record of `domaingen mask-transfer`\n"
+
+
+def test_collect_mask_transfer_reads_record_files_not_a_sweep(tmp_path, capsys):
+    assert main(["collect", "mask-transfer", "--input_dir", str(tmp_path)]) == 2
+    assert capsys.readouterr().err == ("domaingen collect mask-transfer: error: the following arguments are required: "
+                                       "--records\n")
+    record = tmp_path / "r.json"
+    record.write_text("{}")
+    assert main(["collect", "mask-transfer", "--records", str(record), "--input_dir", str(tmp_path)]) == 2
+    assert capsys.readouterr().err == "domaingen collect mask-transfer: error: unknown flag --input_dir\n"

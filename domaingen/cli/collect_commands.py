@@ -322,8 +322,9 @@ def _domain_masks(ns: argparse.Namespace) -> int:
 
 
 def _mask_transfer_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--input", required=True, nargs="+", metavar="FILE.json",
-                   help="records of `domaingen mask-transfer`, one per seed, of one setting")
+    p.add_argument("--records", required=True, nargs="+", metavar="FILE.json",
+                   help="records of `domaingen mask-transfer`, one per seed, of one setting (not a sweep: this view "
+                        "takes no --input_dir)")
     p.add_argument("--format", choices=list(PLAIN_FORMATS), default="markdown")
     p.add_argument("--output", default=None, help="write here instead of stdout")
 
@@ -332,7 +333,7 @@ def _mask_transfer(ns: argparse.Namespace) -> int:
     from domaingen.cli.sweep_commands import _write
     from domaingen.tables.mask_transfer_tables import read_records, render
 
-    return _write(render(read_records(ns.input), ns.format), ns.output)
+    return _write(render(read_records(ns.records), ns.format), ns.output)
 
 
 def _manifest_arguments(p: argparse.ArgumentParser) -> None:

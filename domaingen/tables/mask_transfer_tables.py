@@ -31,16 +31,16 @@ def read_records(paths: Sequence[str]) -> list[dict[str, Any]]:
             record = json.loads(Path(path).read_text())
         except (OSError, json.JSONDecodeError) as exc:
             reason = exc.strerror if isinstance(exc, OSError) else "not JSON"
-            raise DomaingenError(f"--input {path}: {reason}; give the JSON files `domaingen mask-transfer` wrote") from None
+            raise DomaingenError(f"--records {path}: {reason}; give the JSON files `domaingen mask-transfer` wrote") from None
         if not isinstance(record, dict) or record.get("experiment") != EXPERIMENT:
-            raise DomaingenError(f"--input {path} is not a record of `domaingen mask-transfer`")
+            raise DomaingenError(f"--records {path} is not a record of `domaingen mask-transfer`")
         records.append(record)
     first = {k: v for k, v in records[0]["settings"].items() if k != "seed"}
     for path, record in zip(paths, records):
         other = {k: v for k, v in record["settings"].items() if k != "seed"}
         if other != first:
             differ = sorted(k for k in first.keys() | other.keys() if first.get(k) != other.get(k))
-            raise DomaingenError(f"--input {path} differs from {paths[0]} in {', '.join(differ)}; tabulate the "
+            raise DomaingenError(f"--records {path} differs from {paths[0]} in {', '.join(differ)}; tabulate the "
                                  "records of one setting (seeds may differ)")
     return records
 
