@@ -28,6 +28,7 @@ COMMANDS = {
     "report": (lambda p: ["report", "{tmp}", "--output", p], True),
     "diagnose": (lambda p: ["diagnose", "{tmp}", "--output", p], False),
     "download": (lambda p: ["download", "--dataset", "pacs", "--data_dir", p], True),
+    "mask-transfer": (lambda p: ["mask-transfer", "--data_dir", "embedded", "--output", p], False),
 }
 
 

@@ -106,6 +106,9 @@ def test_claims_without_runs_are_untestable():
     irm = Claim(**{**CLAIM.__dict__, "base": "IRM", "method": "IRM+ModReg"})
     assert verdict_of(grid({1.0: DEFAULTS})).verdict != UNTESTABLE
     assert judge(irm, grid({1.0: DEFAULTS})).reason == "no IRM run"
+    unpaired = grid({1.0: DEFAULTS})
+    unpaired.records.loc[unpaired.records["algorithm"] != "ERM", "trial_seed"] += 10
+    assert verdict_of(unpaired).reason == "no ERM+ModReg run that shares a trial_seed with ERM"
 
 
 def test_collapsed_runs_are_counted_at_the_best_point():

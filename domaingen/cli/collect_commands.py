@@ -351,6 +351,21 @@ def _verdict(ns: argparse.Namespace) -> int:
     return _write((verdict_csv if ns.format == "csv" else verdict_markdown)(verdicts), ns.output)
 
 
+def _mask_transfer_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--records", required=True, nargs="+", metavar="FILE.json",
+                   help="records of `domaingen mask-transfer`, one per seed, of one setting (not a sweep: this view "
+                        "takes no --input_dir)")
+    p.add_argument("--format", choices=list(PLAIN_FORMATS), default="markdown")
+    p.add_argument("--output", default=None, help="write here instead of stdout")
+
+
+def _mask_transfer(ns: argparse.Namespace) -> int:
+    from domaingen.cli.sweep_commands import _write
+    from domaingen.tables.mask_transfer_tables import read_records, render
+
+    return _write(render(read_records(ns.records), ns.format), ns.output)
+
+
 def _manifest_arguments(p: argparse.ArgumentParser) -> None:
     _add_input(p, PLAIN_FORMATS)
 
@@ -430,6 +445,10 @@ VIEWS: dict[str, View] = {
         "per dataset, algorithm and test env, the weight masks of `diagnose --domain_masks` (Csordás et al.) in "
         "every run: kept weights and ratio per domain, IoU between domains per layer, seed stability, and the "
         "paper's numbers beside them", _domain_masks_arguments, _domain_masks),
+    "mask-transfer": View(
+        "the records of `domaingen mask-transfer` (Csordás et al.'s permuted-MNIST transfer), mean ± std over "
+        "seed files: per task the share of its weights earlier tasks use, per layer; kept weights, accuracy and "
+        "forgetting", _mask_transfer_arguments, _mask_transfer),
     "correlations": View(
         "per dataset and selection method, Spearman's rank correlation of record fields with the mean of "
         "--against fields, over the selected runs and over the algorithms' means", _correlations_arguments,

@@ -1,4 +1,4 @@
-"""The `domaingen` command: train, list, sweep, collect, download, adapt, evaluate, diagnose, report."""
+"""The `domaingen` command: train, list, sweep, collect, download, adapt, evaluate, diagnose, report, mask-transfer."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ from domaingen.cli import collect_commands as collect_cli
 from domaingen.cli import domainbed_flags
 from domaingen.cli import inspect_commands as inspect_cli
 from domaingen.cli import spec_commands as spec_cli
+from domaingen.cli import transfer_commands as transfer_cli
 from domaingen.errors import DomaingenError
 
 log = logging.getLogger("domaingen")
@@ -84,6 +85,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_download_parser(sub)
     adapt_cli.add_parser(sub)
     inspect_cli.add_parsers(sub)
+    transfer_cli.add_parser(sub)
     spec_cli.add_parser(sub)
     return parser
 
@@ -300,6 +302,7 @@ COMMANDS = {"train": cmd_train, "list": cmd_list, "sweep": cmd_sweep, "collect":
             "check-results": cmd_check_results, "download": cmd_download, "adapt": adapt_cli.run}
 COMMANDS.update(inspect_cli.COMMANDS)
 COMMANDS["spec"] = spec_cli.run
+COMMANDS["mask-transfer"] = transfer_cli.run
 
 # the paths each command writes to (or, for status and delete-incomplete, reads a sweep from),
 # checked before it starts: (command, or "sweep ACTION"), attribute, flag, kind
@@ -312,6 +315,7 @@ OUTPUT_PATHS = (
     ("export", "output", "--output", "file"),
     ("report", "output", "--output", "dir"),
     ("diagnose", "output", "--output", "file"),
+    ("mask-transfer", "output", "--output", "file"),
     ("download", "data_dir", "--data_dir", "dir"),
 )
 # what an OSError the checks could not foresee (a disk filling up, a path changed meanwhile) means to a user

@@ -28,6 +28,12 @@ class PermutedMNIST(MNISTDomains):
 
     def pixel_permutation(self, env_index: int) -> torch.Tensor:
         """Environment `env_index`'s pixel order: input pixel j is image pixel order[j]."""
-        if env_index == 0:
-            return torch.arange(784)
-        return torch.randperm(784, generator=torch.Generator().manual_seed(self.DATA_SEED * 1000 + 500 + env_index))
+        return pixel_permutation(env_index, self.DATA_SEED)
+
+
+def pixel_permutation(index: int, data_seed: int = 0) -> torch.Tensor:
+    """Permutation `index`'s pixel order (any index >= 0; 0 is the identity), drawn from `data_seed`:
+    input pixel j is image pixel order[j]. PermutedMNIST's environment i is permutation i."""
+    if index == 0:
+        return torch.arange(784)
+    return torch.randperm(784, generator=torch.Generator().manual_seed(data_seed * 1000 + 500 + index))

@@ -1,7 +1,8 @@
 r"""Looking inside runs: `domaingen evaluate` and `diagnose` (diagnose.py, with neurons.py and
 domain_masks.py: pure functions, tested by hand), the HTML report of a sweep (report.py), and a
 sweep's runs combined per trial, `domaingen average` (combine.py, with the combiners' table in
-combiners.py).
+combiners.py), and Csordás et al.'s permuted-MNIST transfer experiment, `domaingen mask-transfer`
+(mask_transfer.py).
 
 Reference (`python -m pydoc domaingen.inspect` prints it):
 

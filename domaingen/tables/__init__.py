@@ -1,6 +1,7 @@
 r"""Tables: run records in (collect.py), model selection (selection.py), cells and tables out in
 Markdown, LaTeX and CSV (reporting.py), paired and versus comparisons, trajectory and draw views
-(views.py), published reference rows, WILDS' metrics, and the top hyperparameters.
+(views.py), published reference rows, WILDS' metrics, the top hyperparameters, and the records of
+`domaingen mask-transfer` (mask_transfer_tables.py).
 
 Reference (`python -m pydoc domaingen.tables` prints it):
 

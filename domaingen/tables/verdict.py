@@ -228,10 +228,12 @@ def judge(claim: Claim, collection: Collection, defaults: Mapping[str, str] | No
         if not is_method_row(row, claim.method) or not cells[column].values:
             continue
         paired = paired_cell(cells[column], base, test=True)
+        if not paired.values:  # no trial in common with the base: nothing to pair
+            continue
         points.append(Point(row, list(paired.values), paired.p_value, collapsed=_collapsed(mine.records, cells[column]),
                             method_cell=cells[column]))
     if not points:
-        return Verdict(claim, UNTESTABLE, f"no {claim.method} run", base)
+        return Verdict(claim, UNTESTABLE, f"no {claim.method} run that shares a trial_seed with {claim.base}", base)
     for point, adjusted in zip(points, holm([p.p_value for p in points])):
         point.p_holm = adjusted
     default_names = set((defaults or {}).get(claim.method, [claim.method]))

