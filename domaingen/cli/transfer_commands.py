@@ -10,7 +10,7 @@ from domaingen.errors import DomaingenError
 
 # the defaults of TransferSettings, written out so that building the parser imports no torch
 DEFAULTS = {"tasks": 11, "steps": 30000, "widths": "800,800,64", "lr": 0.01, "alpha": 0.00128, "mask_used_init": 2.0,
-            "mask_new_init": 2.0, "mask_samples": 8, "batch_size": 128, "seed": 0}
+            "mask_new_init": 2.0, "mask_samples": 8, "batch_size": 128, "mask_biases": True, "grad_clip": 1.0, "seed": 0}
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -37,8 +37,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help=f"mask samples per step, each on its share of the batch (default {d['mask_samples']})")
     p.add_argument("--batch_size", type=int, default=d["batch_size"],
                    help=f"examples per step (default {d['batch_size']})")
-    p.add_argument("--mask_biases", action="store_true",
-                   help="mask the biases too (default: unmasked, trained by the first task only)")
+    p.add_argument("--mask_biases", action=argparse.BooleanOptionalAction, default=d["mask_biases"],
+                   help="mask the biases like the weights (default, the authors'); --no_mask_biases: unmasked, "
+                        "trained by the first task only")
+    p.add_argument("--grad_clip", type=float, default=d["grad_clip"],
+                   help=f"global gradient-norm clip (default {d['grad_clip']:g}, the authors'; 0: none)")
     p.add_argument("--seed", type=int, default=d["seed"], help="seeds initialisation, batches and mask samples")
     p.add_argument("--data_dir", default=None,
                    help="the directory holding MNIST/raw, or embedded (default: $DOMAINGEN_DATA, else ./data)")
@@ -58,7 +61,7 @@ def run(ns: argparse.Namespace) -> int:
     settings = TransferSettings(tasks=ns.tasks, steps=ns.steps, widths=parse_widths(ns.widths), lr=ns.lr,
                                 alpha=ns.alpha, mask_used_init=ns.mask_used_init, mask_new_init=ns.mask_new_init,
                                 mask_samples=ns.mask_samples, batch_size=ns.batch_size, mask_biases=ns.mask_biases,
-                                seed=ns.seed)
+                                grad_clip=ns.grad_clip, seed=ns.seed)
     check_settings(settings)
     task_data, source = permuted_mnist_tasks(resolve_data_dir(ns.data_dir), ns.train_examples, ns.test_examples)
     record = run_transfer(settings, task_data)
