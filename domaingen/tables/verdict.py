@@ -36,7 +36,7 @@ from tabulate import tabulate
 from domaingen.errors import DomaingenError
 from domaingen.tables.collect import COLLAPSED, Collection
 from domaingen.tables.comparisons import paired_cell
-from domaingen.tables.reference import PUBLISHED_DIR, _environment
+from domaingen.tables.reference import PUBLISHED_DIR, _environment, _number
 from domaingen.tables.reporting import Cell, build_tables
 from domaingen.tables.selection import selection_method_names
 from domaingen.tables.statistics import ALPHA, holm
@@ -130,16 +130,6 @@ def claims_path(name: str | os.PathLike) -> Path:
     raise DomaingenError(f"claims {name}: no such file and no shipped claims file of that name (shipped: modreg_claims)")
 
 
-def _percent(text: str, where: str, what: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise DomaingenError(f"{where}: {what} {text!r} is not a number (percent, e.g. 71.7)") from None
-    if not math.isfinite(value):
-        raise DomaingenError(f"{where}: {what} {text!r} is not a finite number")
-    return value
-
-
 def read_claims(name: str | os.PathLike) -> list[Claim]:
     """The claims of a CSV with COLUMNS (a path, or the name of a shipped file); one line per mistake."""
     path = claims_path(name)
@@ -163,8 +153,8 @@ def read_claims(name: str | os.PathLike) -> list[Claim]:
             raise DomaingenError(f"{where}: the source is empty; name where the numbers are published")
         claims.append(Claim(row["claim"], row["dataset"], _environment(row["dataset"], row["test_env"], where),
                             tuple(f.strip() for f in row["featurizer"].split("|") if f.strip()), row["base"],
-                            row["method"], _percent(row["base_mean"], where, "base_mean"),
-                            _percent(row["method_mean"], where, "method_mean"), row["selection"], row["source"]))
+                            row["method"], _number(row["base_mean"], "base_mean", where, True),
+                            _number(row["method_mean"], "method_mean", where, True), row["selection"], row["source"]))
     return claims
 
 
