@@ -157,3 +157,24 @@ def test_verdict_command_refuses_a_missing_claims_file(tmp_path, capsys):
     code = main(["collect", "verdict", "--input_dir", str(tmp_path / "sweep"), "--claims", str(tmp_path / "x.csv")])
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1 and "claims file" in err[0] and "not found" in err[0]
+
+
+def test_a_grid_point_may_stand_for_the_defaults():
+    rows = default_rows([CLAIM], ["modreg_scale", "modreg_alpha"], {"modreg_scale": 0.1, "modreg_alpha": 6.93e-09})
+    assert rows == {"ERM+ModReg": ["ERM+ModReg (modreg_scale=1.0, modreg_alpha=6.93e-10)",
+                                   "ERM+ModReg (modreg_scale=0.1, modreg_alpha=6.93e-09)"]}
+    v = judge(CLAIM, grid({0.1: DEFAULTS, 0.01: WEAK}), default_rows([CLAIM], ["modreg_scale"], {"modreg_scale": 0.1}))
+    assert v.defaults.name == "ERM+ModReg (modreg_scale=0.1)" and v.verdict == REFUTED
+
+
+@pytest.mark.parametrize("specs, message", [
+    (["modreg_scale"], "--defaults takes HPARAM=VALUE (e.g. modreg_scale=0.1), got 'modreg_scale'"),
+    (["lr=0.1"], "--defaults lr: not among --split_by (modreg_scale)"),
+])
+def test_bad_defaults_are_one_line(specs, message):
+    from domaingen.tables.verdict import parse_equivalents
+
+    with pytest.raises(DomaingenError, match=f"^{__import__('re').escape(message)}$"):
+        parse_equivalents(specs, ["modreg_scale"])
+    assert parse_equivalents(["modreg_scale=0.1", "modreg_pi=logit"], ["modreg_scale", "modreg_pi"]) == {
+        "modreg_scale": 0.1, "modreg_pi": "logit"}

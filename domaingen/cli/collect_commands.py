@@ -330,14 +330,19 @@ def _verdict_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--split_by", nargs="+", default=[], metavar="HPARAM",
                    help="the hyperparameters a grid varies: each point of the method becomes a row (the defaults "
                         "are the row whose values are the method's defaults)")
+    p.add_argument("--defaults", nargs="+", default=[], metavar="HPARAM=VALUE",
+                   help="split values that also stand for the defaults (a grid point that runs the method's "
+                        "defaults under other names, e.g. modreg_scale=0.1 modreg_alpha=6.93e-09)")
 
 
 def _verdict(ns: argparse.Namespace) -> int:
     from domaingen.cli.sweep_commands import _collection, _write, labelled_sources
     from domaingen.tables.collect import merged, split_by_hparams
-    from domaingen.tables.verdict import default_rows, judge, read_claims, verdict_csv, verdict_markdown
+    from domaingen.tables.verdict import (default_rows, judge, parse_equivalents, read_claims, verdict_csv,
+                                          verdict_markdown)
 
     claims = read_claims(ns.claims)
+    equivalents = parse_equivalents(ns.defaults, ns.split_by)
     sources = list(ns.input_dir)
     if len(sources) == 1:
         collection = _collection(sources[0], ns)
@@ -346,7 +351,7 @@ def _verdict(ns: argparse.Namespace) -> int:
                             label_algorithms=False)
     if ns.split_by:
         collection = split_by_hparams(collection, ns.split_by)
-    defaults = default_rows(claims, ns.split_by)
+    defaults = default_rows(claims, ns.split_by, equivalents)
     verdicts = [judge(claim, collection, defaults) for claim in claims]
     return _write((verdict_csv if ns.format == "csv" else verdict_markdown)(verdicts), ns.output)
 

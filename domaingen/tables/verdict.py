@@ -245,25 +245,47 @@ def judge(claim: Claim, collection: Collection, defaults: Mapping[str, str] | No
     return verdict
 
 
-def default_rows(claims: Sequence[Claim], split_by: Sequence[str]) -> dict[str, list[str]]:
-    """Per method of the claims, the row names its default hyperparameters get under `split_by`
-    (collect's split names: `METHOD (key=value, ...)` with json-encoded values), for every
-    dataset of the claims."""
+def parse_equivalents(specs: Sequence[str], split_by: Sequence[str]) -> dict[str, object]:
+    """`HPARAM=VALUE` strings (VALUE in JSON; a bare word is a string) as a dict; one line per mistake.
+    Every HPARAM must be one of `split_by`."""
+    values: dict[str, object] = {}
+    for spec in specs:
+        key, sep, text = spec.partition("=")
+        if not sep or not key or not text:
+            raise DomaingenError(f"--defaults takes HPARAM=VALUE (e.g. modreg_scale=0.1), got {spec!r}")
+        if key not in split_by:
+            raise DomaingenError(f"--defaults {key}: not among --split_by ({', '.join(split_by) or 'none given'})")
+        try:
+            values[key] = json.loads(text)
+        except json.JSONDecodeError:
+            values[key] = text
+    return values
+
+
+def default_rows(claims: Sequence[Claim], split_by: Sequence[str],
+                 equivalents: Mapping[str, object] | None = None) -> dict[str, list[str]]:
+    """Per method of the claims, the rows that stand for its defaults under `split_by` (collect's
+    split names: `METHOD (key=value, ...)` with json-encoded values): the row of the registry's
+    defaults on the claim's dataset and, with `equivalents`, the row with those values in place
+    (a grid point that runs the defaults under other names, e.g. ModReg's scale 0.1 x alpha 10x)."""
     from domaingen.algorithms import ALGORITHMS
     from domaingen.datasets import DATASETS
     from domaingen.hparams import run_space
 
     names: dict[str, list[str]] = {}
     for claim in claims:
+        rows = names.setdefault(claim.method, [])
         if not split_by:
-            names.setdefault(claim.method, [claim.method])
+            rows += [claim.method] * (claim.method not in rows)
             continue
         space = run_space(claim.dataset, DATASETS.get(claim.dataset), ALGORITHMS.get(claim.method))
-        values = [f"{k}={json.dumps(space[k].default)}" for k in split_by if k in space]
-        name = f"{claim.method} ({', '.join(values)})" if values else claim.method
-        names.setdefault(claim.method, [])
-        if name not in names[claim.method]:
-            names[claim.method].append(name)
+        defaults = {k: space[k].default for k in split_by if k in space}
+        for values in (defaults, {**defaults, **(equivalents or {})} if equivalents else None):
+            if values is None:
+                continue
+            text = ", ".join(f"{k}={json.dumps(values[k])}" for k in split_by if k in values)
+            name = f"{claim.method} ({text})" if text else claim.method
+            rows += [name] * (name not in rows)
     return names
 
 
