@@ -178,3 +178,11 @@ def test_bad_defaults_are_one_line(specs, message):
         parse_equivalents(specs, ["modreg_scale"])
     assert parse_equivalents(["modreg_scale=0.1", "modreg_pi=logit"], ["modreg_scale", "modreg_pi"]) == {
         "modreg_scale": 0.1, "modreg_pi": "logit"}
+
+
+def test_grid_rows_are_ordered_by_their_values():
+    from domaingen.tables.reporting import build_tables
+
+    tables = build_tables(grid({1.0: DEFAULTS, 1e-05: WEAK, 0.0001: STRONG, 0.01: DEFAULTS}), ["training"])
+    assert list(tables[0].rows) == ["ERM", "ERM+ModReg (modreg_scale=1e-05)", "ERM+ModReg (modreg_scale=0.0001)",
+                                    "ERM+ModReg (modreg_scale=0.01)", "ERM+ModReg (modreg_scale=1.0)"]

@@ -29,7 +29,7 @@ import pandas as pd
 from domaingen.errors import DomaingenError
 from domaingen.run.protocol import DOMAINBED
 from domaingen.tables.collect import Collection, n_environments, table_records
-from domaingen.tables.reporting import Cell, Table, environment_names, held_out_environments
+from domaingen.tables.reporting import Cell, Table, environment_names, held_out_environments, row_order
 from domaingen.tables.selection import HPARAMS_CHOICE_TITLES, selected_per_run
 from domaingen.tables.statistics import WILCOXON_MIN_N, holm, paired_test
 
@@ -67,7 +67,7 @@ def default_pairs(algorithms: Sequence[str]) -> list[tuple[str, str]]:
 def baseline_pairs(tables: Sequence[Table], baseline: str) -> list[tuple[str, str]]:
     """(A, baseline) for every other algorithm A of the test tables (`collect --baseline`); one line
     listing the algorithms the tables have when `baseline` is none of them."""
-    everywhere = sorted({a for t in _test_tables(tables) for a in t.rows})
+    everywhere = sorted({a for t in _test_tables(tables) for a in t.rows}, key=row_order)
     if baseline not in everywhere:
         raise DomaingenError(f"--baseline {baseline} is in no table; the tables have: {', '.join(everywhere) or 'none'}")
     return [(a, baseline) for a in everywhere if a != baseline]

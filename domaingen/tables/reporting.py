@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import io
 import math
+import re
 from dataclasses import dataclass, field
 from typing import Sequence
 
@@ -192,6 +193,16 @@ class Table:
         return f"{self.title} ({'; '.join(notes)})" if notes else self.title
 
 
+_NUMBER = re.compile(r"(-?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?)")
+
+
+def row_order(name: str) -> tuple:
+    """Sort key of a row name: its numbers compared as numbers, the rest as text, so that a grid's
+    rows read in order of their values ('x=1e-05' before 'x=0.0001', 'lr 2' before 'lr 10')."""
+    parts = _NUMBER.split(name)
+    return tuple(float(p) if i % 2 else p for i, p in enumerate(parts)), name
+
+
 def environment_names(dataset: str, n_envs: int) -> list[str]:
     if dataset in DATASETS and len(DATASETS.get(dataset).ENVIRONMENTS) == n_envs:
         return list(DATASETS.get(dataset).ENVIRONMENTS)
@@ -355,7 +366,7 @@ def dataset_tables(
         avg = average_label(names, envs)
         columns = [names[e] for e in envs] + ([avg] if avg else [])
         test_rows, in_rows = {}, {}
-        for algorithm in sorted(a for d, a in by_algorithm if d == dataset):
+        for algorithm in sorted((a for d, a in by_algorithm if d == dataset), key=row_order):
             mine = by_algorithm[(dataset, algorithm)]
             # a method that validates on held-out domains (oracle, leave-one-domain-out) has nothing to validate
             undefined = algorithm in bases and entry.held_out_validation and _held_out_accuracy_missing(mine)
@@ -433,7 +444,7 @@ def averages_table(test_tables: Sequence[Table], method: str) -> Table | None:
         return None
     datasets = [t.key.split("/")[0] for t in with_avg]
     columns = [d if t.columns[-1] == "Avg" else f"{d} {t.columns[-1]}" for d, t in zip(datasets, with_avg)]
-    algorithms = sorted({a for t in with_avg for a in t.rows})
+    algorithms = sorted({a for t in with_avg for a in t.rows}, key=row_order)
     choice = with_avg[0].hparams_choice
     rows = {}
     for algorithm in algorithms:
