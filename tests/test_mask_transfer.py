@@ -16,8 +16,8 @@ from domaingen.inspect.mask_transfer import (SEED_STRIDE, TaskData, TransferSett
                                              default_init, layer_shapes, permuted_mnist_tasks, run_transfer,
                                              sharing_statistics, train_task, used_masks)
 
-# logits start near 0: after 30 steps the masks keep some of every layer's weights, not all
-SMALL = TransferSettings(tasks=3, steps=30, widths=(16, 16), lr=0.05, alpha=3e-5, mask_used_init=0.5,
+# logits start near 0: after 60 steps the masks keep some of every layer's weights, not all
+SMALL = TransferSettings(tasks=3, steps=60, widths=(16, 16), lr=0.01, alpha=1e-3, mask_used_init=0.5,
                          mask_new_init=0.5, mask_samples=4, batch_size=32, seed=3)
 
 
@@ -107,15 +107,21 @@ def test_the_reinitialised_weights_are_exactly_the_unused_ones():
     fresh, _ = default_init(settings.widths, settings.seed * SEED_STRIDE + 2)
     for w, b, u, f in zip(state.weights, before, used, fresh):
         assert torch.equal(w != b, ~u)  # changed exactly where no earlier task keeps the weight
-        assert torch.equal(w[~u], f[~u]) and torch.equal(w[u], b[u])  # to nn.Linear's init of the task's seed
+        assert torch.equal(w[~u], f[~u]) and torch.equal(w[u], b[u])  # to the fresh init of the task's seed
 
 
-def test_default_init_is_nn_linear_s():
-    weights, biases = default_init((16, 8), 5)
-    torch.manual_seed(5)
-    layers = [torch.nn.Linear(i, o) for o, i in layer_shapes((16, 8))]
-    assert [tuple(w.shape) for w in weights] == [(16, 784), (8, 16), (10, 8)]
-    assert all(torch.equal(w, l.weight) and torch.equal(b, l.bias) for w, b, l in zip(weights, biases, layers))
+def test_default_init_is_the_authors_xavier_normal():
+    weights, biases = default_init((800, 800, 64), 5)
+    assert [tuple(w.shape) for w in weights] == [(800, 784), (800, 800), (64, 800), (10, 64)]
+    for i, w in enumerate(weights):  # std = gain * sqrt(2 / (fan_in + fan_out)), gain sqrt(2) but for the output
+        gain = 1.0 if i == 3 else math.sqrt(2.0)
+        expected = gain * math.sqrt(2.0 / (w.shape[0] + w.shape[1]))
+        assert float(w.std()) == pytest.approx(expected, rel=0.01 if w.numel() > 10000 else 0.1)
+        assert abs(float(w.mean())) < 0.1 * expected
+    assert all(not b.any() for b in biases)
+    again, _ = default_init((800, 800, 64), 5)
+    assert all(torch.equal(a, b) for a, b in zip(weights, again))
+    assert not torch.equal(default_init((800, 800, 64), 6)[0][0], weights[0])
 
 
 def test_task_p_is_permuted_mnist_environment_p():
@@ -128,8 +134,12 @@ def test_task_p_is_permuted_mnist_environment_p():
     digits = load_mnist("embedded")
     images = digits.images.flatten(1)[torch.randperm(5000, generator=torch.Generator().manual_seed(0))]
     data = task(2)
-    assert torch.equal(data.train_x, images[:50][:, pixel_permutation(2)])
-    assert torch.equal(data.test_x, images[4286:4306][:, pixel_permutation(2)])
+    pixels = images[:50].double() / 255  # standardised by the kept training digits' mean and std
+    mean, std = pixels.mean(), pixels.std()
+    standard = ((images.double() / 255 - mean) / std).float()
+    assert torch.allclose(data.train_x, standard[:50][:, pixel_permutation(2)], atol=1e-5)
+    assert torch.allclose(data.test_x, standard[4286:4306][:, pixel_permutation(2)], atol=1e-5)
+    assert abs(float(data.train_x.mean())) < 1e-5 and float(data.train_x.std()) == pytest.approx(1, abs=1e-4)
     assert source.endswith("(train 50, test 20)")
 
 
@@ -233,3 +243,11 @@ def test_gradients_are_clipped_to_the_global_norm():
 
     assert moved(0.0) == pytest.approx(SMALL.lr, rel=0.01)
     assert moved(1e-12) < 1e-3 * SMALL.lr
+
+
+def test_the_mask_loss_is_alpha_times_the_logits_over_the_batch_size():
+    from domaingen.inspect.mask_transfer import mask_loss
+
+    logits = [torch.tensor([[1.0, -2.0], [0.5, 3.0]]), torch.tensor([4.0])]
+    settings = TransferSettings(alpha=0.00128, batch_size=128)
+    assert float(mask_loss(logits, settings)) == pytest.approx(0.00128 * (1 - 2 + 0.5 + 3 + 4) / 128)

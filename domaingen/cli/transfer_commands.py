@@ -38,7 +38,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--batch_size", type=int, default=d["batch_size"],
                    help=f"examples per step (default {d['batch_size']})")
     p.add_argument("--mask_biases", action=argparse.BooleanOptionalAction, default=d["mask_biases"],
-                   help="mask the biases like the weights (default, the authors'); --no_mask_biases: unmasked, "
+                   help="mask the biases like the weights (default, the authors'); --no-mask_biases: unmasked, "
                         "trained by the first task only")
     p.add_argument("--grad_clip", type=float, default=d["grad_clip"],
                    help=f"global gradient-norm clip (default {d['grad_clip']:g}, the authors'; 0: none)")

@@ -4,10 +4,10 @@ A feedforward network (784 -> widths -> 10, ReLU) learns permutations 0, 1, ...,
 after another, each task p with its own Csordás weight mask (domaingen.masks' hard Gumbel-sigmoid
 with the straight-through gradient). Before task p, the weights that any earlier task's mask keeps
 (the union of masks 0..p-1, logit > 0: the used weights) are frozen, their gradients zeroed so they
-keep their values; every other weight is drawn afresh from its layer's default initialisation
-(nn.Linear's). Task p's mask logits start at `mask_used_init` on used weights and `mask_new_init` on
+keep their values; every other weight is drawn afresh from the authors' initialisation (Xavier-normal,
+`default_init`). Task p's mask logits start at `mask_used_init` on used weights and `mask_new_init` on
 the others. Adam trains the free weights and task p's logits together on the cross-entropy plus
-alpha times the sum of the logits; each step cuts the batch into `mask_samples` groups, each
+alpha times the sum of the logits over the batch size (`mask_loss`); each step cuts the batch into `mask_samples` groups, each
 computed with its own mask sample, so the loss is the mean over the samples.
 
 After task p: per layer, the share of task p's kept weights that earlier tasks already use,
@@ -106,7 +106,8 @@ def parse_widths(text: str) -> tuple[int, ...]:
 
 @dataclass
 class TaskData:
-    """One task's examples: float inputs [N, 784] in [0, 1] (or uint8, scaled per batch) and labels."""
+    """One task's examples: float inputs [N, 784] (permuted_mnist_tasks standardises them; uint8 is scaled
+    to [0, 1] per batch) and labels."""
 
     train_x: torch.Tensor
     train_y: torch.Tensor
@@ -137,12 +138,17 @@ def layer_names(widths: Sequence[int]) -> list[str]:
 
 
 def default_init(widths: Sequence[int], seed: int) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-    """Weights and biases of every layer as nn.Linear initialises them, drawn from `seed`."""
-    generator_state = torch.random.get_rng_state()
-    torch.manual_seed(seed)
-    layers = [nn.Linear(n_in, n_out) for n_out, n_in in layer_shapes(widths)]
-    torch.random.set_rng_state(generator_state)
-    return [l.weight.detach().clone() for l in layers], [l.bias.detach().clone() for l in layers]
+    """Weights and biases of every layer as the authors' FeedforwardModel initialises them, drawn from
+    `seed`: Xavier-normal weights with the ReLU gain (sqrt 2) for every layer a ReLU follows and gain 1
+    for the output layer, biases zero."""
+    generator = torch.Generator().manual_seed(seed)
+    shapes = layer_shapes(widths)
+    weights, biases = [], []
+    for i, (n_out, n_in) in enumerate(shapes):
+        gain = 1.0 if i == len(shapes) - 1 else nn.init.calculate_gain("relu")
+        weights.append(nn.init.xavier_normal_(torch.empty(n_out, n_in), gain=gain, generator=generator))
+        biases.append(torch.zeros(n_out))
+    return weights, biases
 
 
 def used_masks(masks: Sequence[Sequence[torch.Tensor]], n_layers: int, like: Sequence[torch.Tensor]) -> list[torch.Tensor]:
@@ -237,6 +243,13 @@ def _batches(n: int, batch_size: int, generator: torch.Generator):
         at += batch_size
 
 
+def mask_loss(logits: Sequence[torch.Tensor], settings: TransferSettings) -> torch.Tensor:
+    """The mask regulariser as the authors' trainer adds it: alpha times the sum of the logits, divided by
+    the batch size (their train_step divides the mask loss by it, so alpha 0.00128 weighs each logit
+    by 1e-5 against the mean cross-entropy at batch 128)."""
+    return settings.alpha * sum(l.sum() for l in logits) / settings.batch_size
+
+
 def train_task(state: TransferState, task: int, data: TaskData, settings: TransferSettings) -> None:
     """Task `task`: reinitialise the unused weights, train the free weights and the task's mask, and
     append its binary masks to `state` (everything drawn from seed * SEED_STRIDE + task)."""
@@ -271,8 +284,7 @@ def train_task(state: TransferState, task: int, data: TaskData, settings: Transf
         masked_w = [w * sample_hard_masks(l, k) for w, l in zip(weights, logits)]
         masked_b = [b * sample_hard_masks(l, k) for b, l in zip(biases, bias_logits)] or biases
         out = grouped_forward(masked_w, masked_b, x)
-        regulariser = sum(l.sum() for l in logits + bias_logits)
-        loss = F.cross_entropy(out.reshape(-1, CLASSES), data.train_y[index]) + s.alpha * regulariser
+        loss = F.cross_entropy(out.reshape(-1, CLASSES), data.train_y[index]) + mask_loss(logits + bias_logits, s)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         for p, f in zip(frozen_grads, free):
@@ -330,7 +342,8 @@ def permuted_mnist_tasks(data_dir: str, train_examples: int | None = None,
                          test_examples: int | None = None) -> tuple[Callable[[int], TaskData], str]:
     """(task p -> MNIST with PermutedMNIST's permutation p, the data source). Full MNIST: its 60,000
     training and 10,000 test digits; another source (the embedded sample), shuffled once: its last
-    seventh as the test set. `train_examples` / `test_examples` keep the first that many of each."""
+    seventh as the test set. `train_examples` / `test_examples` keep the first that many of each.
+    Pixels are standardised by the kept training digits' mean and standard deviation."""
     from domaingen.datasets.mnist import load_mnist
     from domaingen.datasets.permuted_mnist import pixel_permutation
 
@@ -346,6 +359,11 @@ def permuted_mnist_tasks(data_dir: str, train_examples: int | None = None,
         images, labels = images[order], labels[order]
     train = slice(0, min(n_train, train_examples or n_train))
     test = slice(n_train, n_train + min(n - n_train, test_examples or n))
+    # the authors standardise pixels by the training images' mean and standard deviation (one channel;
+    # a permutation leaves both unchanged)
+    pixels = images[train].float().div_(255.0)
+    mean, std = float(pixels.mean()), float(pixels.std())
+    images = images.float().div_(255.0).sub_(mean).div_(std)
 
     def task(p: int) -> TaskData:
         order = pixel_permutation(p)
