@@ -31,7 +31,8 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--mask_steps", type=int, default=None, help="--domain_masks: mask training steps per domain")
     p.add_argument("--mask_alpha", type=float, default=None,
                    help="--domain_masks: strength of the masks' sum-of-logits regulariser against the mean loss "
-                        "(default 1e-5; Csordás et al.'s arithmetic tasks use 1e-4 / batch 128 = 7.8125e-7); the "
+                        "(default 1e-5; Csordás et al.'s arithmetic tasks weigh 1e-4 / batch 128 against a per-digit mean, "
+                        "1.5625e-6 against DigitMLP's two-digit loss); the "
                         "control mask (every training domain) shows whether it is too strong")
     p.add_argument("--mask_seed", type=int, nargs="+", default=None, metavar="SEED",
                    help="--domain_masks: seed the masks' training; two or more seeds train every domain's mask "

@@ -31,8 +31,9 @@ from domaingen.masks import DEFAULT_INIT_LOGIT, gumbel_sigmoid
 
 MASK_LR = 1e-2  # Adam learning rate of the mask logits
 # Weight of the sum-of-logits regulariser against the mean loss. The authors' trainer divides its
-# mask_loss_weight by the batch size, so their per-logit weights are 1e-4 / 128 = 7.8e-7 (arithmetic),
-# 3e-4 / 128 = 2.3e-6 (CIFAR-10) and 1.28e-3 / 128 = 1e-5 (permuted MNIST); 1e-5 is ours, the strongest of them.
+# mask_loss_weight by the batch size, so their per-logit weights are 1e-4 / 128 = 7.8e-7 against a
+# mean per-digit loss (arithmetic; 1.5625e-6 against DigitMLP's loss, the sum over its two digits),
+# 3e-4 / 128 = 2.3e-6 (CIFAR-10) and 1.28e-3 / 128 = 1e-5 (permuted MNIST); 1e-5 is ours.
 MASK_ALPHA = 1e-5
 SEED_STRIDE = 1000  # mask d of mask seed s draws from seed s * SEED_STRIDE + d
 
