@@ -255,3 +255,12 @@ def test_the_mask_loss_is_alpha_times_the_logits_over_the_batch_size():
     logits = [torch.tensor([[1.0, -2.0], [0.5, 3.0]]), torch.tensor([4.0])]
     settings = TransferSettings(alpha=0.00128, batch_size=128)
     assert float(mask_loss(logits, settings)) == pytest.approx(0.00128 * (1 - 2 + 0.5 + 3 + 4) / 128)
+
+
+def test_the_command_line_defaults_are_the_settings_defaults():
+    """The CLI writes its defaults out (building the parser imports no torch); they must stay TransferSettings'."""
+    from domaingen.cli.transfer_commands import DEFAULTS
+
+    expected = TransferSettings().as_dict()
+    expected["widths"] = ",".join(map(str, expected["widths"]))
+    assert DEFAULTS == expected

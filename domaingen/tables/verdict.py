@@ -127,7 +127,8 @@ def claims_path(name: str | os.PathLike) -> Path:
     shipped = PUBLISHED_DIR / f"{name}.csv"
     if shipped.exists():
         return shipped
-    raise DomaingenError(f"claims {name}: no such file and no shipped claims file of that name (shipped: modreg_claims)")
+    shipped_names = ", ".join(sorted(p.stem for p in PUBLISHED_DIR.glob("*_claims.csv")))
+    raise DomaingenError(f"claims {name}: no such file and no shipped claims file of that name (shipped: {shipped_names})")
 
 
 def read_claims(name: str | os.PathLike) -> list[Claim]:
