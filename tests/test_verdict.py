@@ -100,15 +100,18 @@ def test_a_wide_interval_is_inconclusive():
     assert verdict_of(grid({1.0: noisy, 0.1: noisy[::-1]})).verdict == INCONCLUSIVE
 
 
-def test_claims_without_runs_are_untestable():
+def test_claims_without_runs_are_open_and_unknown_datasets_untestable():
     v = verdict_of(grid({1.0: DEFAULTS}, featurizer="MNIST_CNN"))
-    assert v.verdict == UNTESTABLE and v.reason == "no run of RotatedMNIST with featurizer MLP"
+    assert v.verdict == OPEN and v.reason == "no run of RotatedMNIST with featurizer MLP yet"
     irm = Claim(**{**CLAIM.__dict__, "base": "IRM", "method": "IRM+ModReg"})
-    assert verdict_of(grid({1.0: DEFAULTS})).verdict != UNTESTABLE
-    assert judge(irm, grid({1.0: DEFAULTS})).reason == "no IRM run"
+    assert verdict_of(grid({1.0: DEFAULTS})).reason.startswith("would be")  # runs there: open for want of a grid
+    assert judge(irm, grid({1.0: DEFAULTS})).reason == "no IRM run yet"
     unpaired = grid({1.0: DEFAULTS})
     unpaired.records.loc[unpaired.records["algorithm"] != "ERM", "trial_seed"] += 10
-    assert verdict_of(unpaired).reason == "no ERM+ModReg run that shares a trial_seed with ERM"
+    assert verdict_of(unpaired).reason == "no ERM+ModReg run that shares a trial_seed with ERM yet"
+    elsewhere = Claim(**{**CLAIM.__dict__, "dataset": "CelebA"})
+    v = judge(elsewhere, grid({1.0: DEFAULTS}))
+    assert v.verdict == UNTESTABLE and v.reason == "domaingen has no dataset CelebA"
 
 
 def test_collapsed_runs_are_counted_at_the_best_point():
@@ -186,3 +189,80 @@ def test_grid_rows_are_ordered_by_their_values():
     tables = build_tables(grid({1.0: DEFAULTS, 1e-05: WEAK, 0.0001: STRONG, 0.01: DEFAULTS}), ["training"])
     assert list(tables[0].rows) == ["ERM", "ERM+ModReg (modreg_scale=1e-05)", "ERM+ModReg (modreg_scale=0.0001)",
                                     "ERM+ModReg (modreg_scale=0.01)", "ERM+ModReg (modreg_scale=1.0)"]
+
+
+# ColoredMNIST, every environment held out in turn, three trials: held-out accuracy [environment][trial]
+CMNIST = {"ERM": [[0.70, 0.72, 0.71], [0.73, 0.72, 0.74], [0.10, 0.12, 0.11]],
+          "SANDMask": [[0.69, 0.73, 0.70], [0.72, 0.74, 0.73], [0.20, 0.15, 0.30]]}
+
+
+def cmnist_records(accuracies=CMNIST, dataset="ColoredMNIST", featurizer="MLP", step=100, protocol="paired"):
+    rows = []
+    for algorithm, by_env in accuracies.items():
+        for env, trials in enumerate(by_env):
+            for trial, test in enumerate(trials):
+                ins = [0.9, 0.9, 0.9]
+                ins[env] = test
+                row = rec(algorithm, [env], 0, trial, step, ins, [0.9, 0.9, 0.9], dataset=dataset)
+                row["run"] = f"{dataset}-{algorithm}-{env}-{trial}-{step}"
+                row["hparams"] = json.dumps({"featurizer": featurizer})
+                row["protocol"] = protocol
+                rows.append(row)
+    return rows
+
+
+def test_an_average_claim_pairs_per_trial_averages():
+    claim = Claim("C-MNIST avg", "ColoredMNIST", "Avg", ("MLP",), "ERM", "SANDMask", 57.8, 73.0, "training", "paper")
+    v = judge(claim, Collection(pd.DataFrame(cmnist_records())))
+    # by hand: per trial, the mean over the three held-out environments, SAND-mask minus ERM
+    expected = [sum(CMNIST["SANDMask"][e][t] - CMNIST["ERM"][e][t] for e in range(3)) / 3 for t in range(3)]
+    assert v.points[0].differences == pytest.approx(expected)
+    assert v.base_cell.values == pytest.approx([sum(CMNIST["ERM"][e][t] for e in range(3)) / 3 for t in range(3)])
+    assert v.verdict == OPEN and v.best.name == "SANDMask"  # one point only: "refuted" needs a grid point too
+
+
+def test_trial_average_keeps_the_trials_every_environment_has():
+    from domaingen.tables.reporting import Cell
+    from domaingen.tables.verdict import trial_average
+
+    def cell(values, seeds):
+        return Cell(values, trace=[{"trial_seed": s, "hparams_seed": 0, "step": 1, "run": f"r{s}"} for s in seeds])
+
+    avg = trial_average([cell([0.1, 0.2, 0.3], [0, 1, 2]), cell([0.5, 0.7], [2, 0])])
+    assert avg.values == pytest.approx([(0.1 + 0.7) / 2, (0.3 + 0.5) / 2])
+    assert [t["trial_seed"] for t in avg.trace] == [0, 2] and avg.trace[0]["parts"] == [("r0", 1), ("r0", 1)]
+
+
+def test_the_protocols_table_lists_the_base_under_each_protocol():
+    from domaingen.tables.verdict import protocol_frame
+
+    claim = Claim("C-MNIST MLP, ERM", "IRMColoredMNIST", "-90%", ("IRM_MLP",), "ERM", "ERM+ModReg", 34.27, 36.91,
+                  "training", "paper", ("ColoredMNIST",))
+    irm_paper = cmnist_records({"ERM": [[0.5] * 3, [0.5] * 3, [0.17, 0.16, 0.18]]}, "IRMColoredMNIST", "IRM_MLP", 500)
+    domainbed = cmnist_records({"ERM": CMNIST["ERM"]}, "ColoredMNIST", "MLP", 5000, "domainbed")
+    longer = cmnist_records({"ERM": [[0.5] * 3, [0.5] * 3, [0.30, 0.30, 0.33]]}, "ColoredMNIST", "MLP", 9000)
+    frame = protocol_frame([claim], Collection(pd.DataFrame(irm_paper + domainbed + longer)))
+    assert frame[["dataset", "featurizer", "protocol", "last step"]].values.tolist() == [
+        ["IRMColoredMNIST", "IRM_MLP", "paired", 500], ["ColoredMNIST", "MLP", "domainbed", 5000],
+        ["ColoredMNIST", "MLP", "paired", 9000]]
+    d = np.array([0.10, 0.12, 0.11])
+    half = stats.t.ppf(0.975, 2) * d.std(ddof=1) / math.sqrt(3)
+    assert frame["ours [95% CI]"][1] == f"{100 * d.mean():.1f} [{100 * (d.mean() - half):.1f}, {100 * (d.mean() + half):.1f}] (n=3)"
+    assert frame["paper"].tolist() == ["34.27"] * 3 and set(frame["selection"]) == {"training"}
+    md = verdict_markdown([judge(claim, Collection(pd.DataFrame(irm_paper)))], frame)
+    assert "### The base under each protocol tried" in md and "| ColoredMNIST " in md
+
+
+def test_claims_files_add_up_and_name_their_compare_datasets(tmp_path):
+    from domaingen.tables.verdict import read_claims_files
+
+    claims = read_claims_files(["modreg_claims", "sandmask_claims"])
+    sand = [c for c in claims if c.method == "SANDMask"]
+    assert len(claims) == len(read_claims("modreg_claims")) + len(sand) and sand[0].test_env == "Avg"
+    assert claims[0].compare == ("ColoredMNIST",) and sand[0].compare == ()
+    bad = tmp_path / "bad.csv"
+    header = "claim,dataset,test_env,featurizer,base,method,base_mean,method_mean,selection,source,compare\n"
+    bad.write_text(header + "x,ColoredMNIST,-90%,MLP,ERM,SANDMask,10,12,training,paper,RotatedMNIST\n")
+    with pytest.raises(DomaingenError, match="^claims file .* line 2: test_env '-90%' is not an environment of "
+                                             "RotatedMNIST"):
+        read_claims(bad)

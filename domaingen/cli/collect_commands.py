@@ -323,10 +323,11 @@ def _domain_masks(ns: argparse.Namespace) -> int:
 
 def _verdict_arguments(p: argparse.ArgumentParser) -> None:
     _add_input(p, PLAIN_FORMATS, several=True)
-    p.add_argument("--claims", default="modreg_claims", metavar="FILE.csv|NAME",
+    p.add_argument("--claims", nargs="+", default=["modreg_claims"], metavar="FILE.csv|NAME",
                    help="the published gains to judge (columns: claim, dataset, test_env, featurizer, base, method, "
-                        "base_mean, method_mean, selection, source): a CSV file, or a shipped one's name (default: "
-                        "modreg_claims, the ModReg abstract's)")
+                        "base_mean, method_mean, selection, source; optional: compare, other datasets with the same "
+                        "environments whose base runs the protocols table lists): CSV files, or shipped ones' names "
+                        "(default: modreg_claims, the ModReg abstract's; also shipped: sandmask_claims)")
     p.add_argument("--split_by", nargs="+", default=[], metavar="HPARAM",
                    help="the hyperparameters a grid varies: each point of the method becomes a row (the defaults "
                         "are the row whose values are the method's defaults)")
@@ -338,10 +339,10 @@ def _verdict_arguments(p: argparse.ArgumentParser) -> None:
 def _verdict(ns: argparse.Namespace) -> int:
     from domaingen.cli.sweep_commands import _collection, _write, labelled_sources
     from domaingen.tables.collect import merged, split_by_hparams
-    from domaingen.tables.verdict import (default_rows, judge, parse_equivalents, read_claims, verdict_csv,
-                                          verdict_markdown)
+    from domaingen.tables.verdict import (default_rows, judge, parse_equivalents, protocol_frame, read_claims_files,
+                                          verdict_csv, verdict_markdown)
 
-    claims = read_claims(ns.claims)
+    claims = read_claims_files(ns.claims)
     equivalents = parse_equivalents(ns.defaults, ns.split_by)
     sources = list(ns.input_dir)
     if len(sources) == 1:
@@ -349,11 +350,14 @@ def _verdict(ns: argparse.Namespace) -> int:
     else:
         collection = merged([(label, _collection(path, ns)) for label, path in labelled_sources(sources)],
                             label_algorithms=False)
+    protocols = protocol_frame(claims, collection)
     if ns.split_by:
         collection = split_by_hparams(collection, ns.split_by)
     defaults = default_rows(claims, ns.split_by, equivalents)
     verdicts = [judge(claim, collection, defaults) for claim in claims]
-    return _write((verdict_csv if ns.format == "csv" else verdict_markdown)(verdicts), ns.output)
+    if ns.format == "csv":
+        return _write(verdict_csv(verdicts), ns.output)
+    return _write(verdict_markdown(verdicts, protocols), ns.output)
 
 
 def _mask_transfer_arguments(p: argparse.ArgumentParser) -> None:

@@ -52,7 +52,7 @@ def _environment(dataset: str, text: str, where: str) -> str:
 
 PUBLISHED_DIR = Path(__file__).with_name("published")
 # shipped published numbers that are no accuracy rows: the view that puts them beside ours, by file name
-VIEW_FILES = {"csordas": "collect domain-masks", "modreg_claims": "collect verdict"}
+VIEW_FILES = {"csordas": "collect domain-masks", "modreg_claims": "collect verdict", "sandmask_claims": "collect verdict"}
 
 
 def published_names() -> list[str]:

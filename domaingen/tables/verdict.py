@@ -3,8 +3,9 @@
 A claims file (shipped: `published/modreg_claims.csv`; or any CSV with the same columns) names
 per claim a dataset, a held-out environment, the featurizer the paper used, a base algorithm, the
 method that claims to improve on it, the two published accuracies, the selection rule our runs
-are read with, and where the numbers are published. For each claim, over the runs of that dataset
-whose featurizer is the claim's:
+are read with, and where the numbers are published; an optional `compare` column names other
+datasets with the same environments (`|`-separated: the same images under another protocol). For
+each claim, over the runs of that dataset whose featurizer is the claim's:
 
 - the method's points: every row of the method in the tables (`ALGORITHM`, or with `--split_by`
   `ALGORITHM (hparam=value, ...)`: the defaults and each grid point), each paired with the base
@@ -17,6 +18,11 @@ whose featurizer is the claim's:
   their own training environments (collect's `train_collapsed`), where a held-out score can read
   as a gain (a model at chance scores 50% on Colored MNIST's -90% environment);
 - the verdict, by RULE.
+
+Where a paper's protocol cannot be identified (its base scores match no protocol we know), the
+base's score under every protocol tried tells which one the paper's numbers resemble:
+`protocol_frame` lists the base algorithm, per claim, on the claim's dataset and on each dataset
+of its `compare` column, one row per featurizer, protocol and training length found in the runs.
 """
 
 from __future__ import annotations
@@ -36,13 +42,14 @@ from tabulate import tabulate
 from domaingen.errors import DomaingenError
 from domaingen.tables.collect import COLLAPSED, Collection
 from domaingen.tables.comparisons import paired_cell
-from domaingen.tables.reference import PUBLISHED_DIR, _environment, _number
+from domaingen.tables.reference import AVG, PUBLISHED_DIR, _environment, _number
 from domaingen.tables.reporting import Cell, build_tables
 from domaingen.tables.selection import selection_method_names
 from domaingen.tables.statistics import ALPHA, holm
 
 COLUMNS = ("claim", "dataset", "test_env", "featurizer", "base", "method", "base_mean", "method_mean", "selection",
            "source")
+OPTIONAL_COLUMNS = ("compare",)
 LEVEL = 0.95  # the t-interval's coverage
 
 REPRODUCED = "reproduced"
@@ -58,8 +65,8 @@ RULE = (f"Verdicts: '{REPRODUCED}' when some point's gain over the base is posit
         f"'{REFUTED}' when no point gains significantly and the best point's interval lies below the claimed gain; "
         f"'{INCONCLUSIVE}' when no point gains significantly and the interval still reaches the claimed gain. "
         f"'{REFUTED}' and '{SMALLER}' need both the defaults and at least one other grid point tried, else the "
-        f"verdict is '{OPEN}'; '{UNTESTABLE}' when no run of the claim's dataset and featurizer has both the base "
-        f"and the method. The best point is chosen on test accuracy, the choice most favourable to the method.")
+        f"verdict is '{OPEN}', as it is while the base or the method has not been run; '{UNTESTABLE}' when the "
+        f"claim's dataset is not one domaingen has. The best point is chosen on test accuracy, the choice most favourable to the method.")
 
 
 @dataclass(frozen=True)
@@ -76,6 +83,7 @@ class Claim:
     method_mean: float
     selection: str
     source: str
+    compare: tuple[str, ...] = ()
 
     @property
     def gain(self) -> float:
@@ -152,11 +160,22 @@ def read_claims(name: str | os.PathLike) -> list[Claim]:
             raise DomaingenError(f"{where}: selection {row['selection']!r} is not one of {', '.join(selection_method_names())}")
         if not row["source"]:
             raise DomaingenError(f"{where}: the source is empty; name where the numbers are published")
-        claims.append(Claim(row["claim"], row["dataset"], _environment(row["dataset"], row["test_env"], where),
+        compare = tuple(d.strip() for d in row.get("compare", "").split("|") if d.strip())
+        test_env = _environment(row["dataset"], row["test_env"], where)
+        for other in compare:
+            if _environment(other, test_env, where) != test_env:
+                raise DomaingenError(f"{where}: compare dataset {other} has no environment {test_env}")
+        claims.append(Claim(row["claim"], row["dataset"], test_env,
                             tuple(f.strip() for f in row["featurizer"].split("|") if f.strip()), row["base"],
                             row["method"], _number(row["base_mean"], "base_mean", where, True),
-                            _number(row["method_mean"], "method_mean", where, True), row["selection"], row["source"]))
+                            _number(row["method_mean"], "method_mean", where, True), row["selection"], row["source"],
+                            compare))
     return claims
+
+
+def read_claims_files(names: Sequence[str | os.PathLike]) -> list[Claim]:
+    """The claims of several files (paths or shipped names), in order."""
+    return [claim for name in names for claim in read_claims(name)]
 
 
 def _featurizer(hparams: str) -> str:
@@ -178,7 +197,8 @@ def claim_records(collection: Collection, claim: Claim) -> Collection:
 
 def _collapsed(records: pd.DataFrame, cell: Cell) -> int:
     """How many of the cell's selected runs collapsed: COLLAPSED at the selected step, or, where that
-    step did not evaluate the training splits, at the run's last step that did."""
+    step did not evaluate the training splits, at the run's last step that did. A trial of an
+    average over held-out environments (`trial_average`) counts once if any of its runs collapsed."""
     if COLLAPSED not in records:
         return 0
     flagged = records[records[COLLAPSED].notna()].sort_values("step")
@@ -186,9 +206,35 @@ def _collapsed(records: pd.DataFrame, cell: Cell) -> int:
     last = flagged.groupby("run")[COLLAPSED].last()
     count = 0
     for t in cell.trace:
-        value = at_step.get((t["run"], t["step"]), last.get(t["run"]))
-        count += bool(value) if value is not None else 0
+        values = [at_step.get((run, step), last.get(run)) for run, step in t.get("parts", [(t["run"], t["step"])])]
+        count += any(bool(v) for v in values if v is not None)
     return count
+
+
+def trial_average(cells: Sequence[Cell]) -> Cell:
+    """Per trial_seed found in every cell (one per held-out environment), the mean of its values: the
+    average over environments as a per-trial quantity, so that two algorithms' averages pair by trial.
+    (The tables' Avg cell averages the environments' means, which equals these values' mean when every
+    environment has every trial, but carries no trials to pair.)"""
+    by_trial = [{t["trial_seed"]: (v, t) for v, t in zip(c.values, c.trace)} for c in cells]
+    common = [seed for seed in (by_trial[0] if by_trial else {}) if all(seed in b for b in by_trial[1:])]
+    values, trace = [], []
+    for seed in common:
+        parts = [b[seed] for b in by_trial]
+        values.append(float(np.mean([v for v, _ in parts])))
+        trace.append({"trial_seed": seed, "hparams_seed": "/".join(str(t["hparams_seed"]) for _, t in parts),
+                      "step": "/".join(str(t["step"]) for _, t in parts),
+                      "run": "/".join(str(t["run"]) for _, t in parts),
+                      "parts": [(t["run"], t["step"]) for _, t in parts]})
+    return Cell(values, trace=trace) if values else Cell(missing="no trial holds out every environment")
+
+
+def _column_cell(table, row: str, test_env: str) -> Cell:
+    """The row's cell of one held-out environment, or its per-trial average over them all (test_env Avg)."""
+    cells = table.rows[row]
+    if test_env != AVG:
+        return cells[table.columns.index(test_env)]
+    return trial_average([cells[i] for i, column in enumerate(table.columns) if column != AVG])
 
 
 def is_method_row(row: str, method: str) -> bool:
@@ -202,29 +248,33 @@ def judge(claim: Claim, collection: Collection, defaults: Mapping[str, str] | No
     `defaults` maps a method row to whether it is the defaults: by default the row named exactly
     `claim.method`, or, with split hyperparameters, the row whose values are the method's defaults
     as `default_rows` found them."""
+    from domaingen.datasets import DATASETS
+
+    if claim.dataset not in DATASETS:
+        return Verdict(claim, UNTESTABLE, f"domaingen has no dataset {claim.dataset}")
     mine = claim_records(collection, claim)
     if mine.records.empty:
-        return Verdict(claim, UNTESTABLE, f"no run of {claim.dataset} with featurizer {' or '.join(claim.featurizers)}")
+        return Verdict(claim, OPEN, f"no run of {claim.dataset} with featurizer {' or '.join(claim.featurizers)} yet")
     tables = [t for t in build_tables(mine, [claim.selection])
               if t.key == f"{claim.dataset}/{claim.selection}/test"]
     if not tables or claim.test_env not in tables[0].columns:
-        return Verdict(claim, UNTESTABLE, f"no run with {claim.test_env} held out")
+        return Verdict(claim, OPEN, f"no run with {claim.test_env} held out yet")
     table = tables[0]
-    column = table.columns.index(claim.test_env)
-    if claim.base not in table.rows or not table.rows[claim.base][column].values:
-        return Verdict(claim, UNTESTABLE, f"no {claim.base} run")
-    base = table.rows[claim.base][column]
+    if claim.base not in table.rows or not _column_cell(table, claim.base, claim.test_env).values:
+        return Verdict(claim, OPEN, f"no {claim.base} run yet")
+    base = _column_cell(table, claim.base, claim.test_env)
     points = []
-    for row, cells in table.rows.items():
-        if not is_method_row(row, claim.method) or not cells[column].values:
+    for row in table.rows:
+        cell = _column_cell(table, row, claim.test_env) if is_method_row(row, claim.method) else Cell()
+        if not cell.values:
             continue
-        paired = paired_cell(cells[column], base, test=True)
+        paired = paired_cell(cell, base, test=True)
         if not paired.values:  # no trial in common with the base: nothing to pair
             continue
-        points.append(Point(row, list(paired.values), paired.p_value, collapsed=_collapsed(mine.records, cells[column]),
-                            method_cell=cells[column]))
+        points.append(Point(row, list(paired.values), paired.p_value, collapsed=_collapsed(mine.records, cell),
+                            method_cell=cell))
     if not points:
-        return Verdict(claim, UNTESTABLE, f"no {claim.method} run that shares a trial_seed with {claim.base}", base)
+        return Verdict(claim, OPEN, f"no {claim.method} run that shares a trial_seed with {claim.base} yet", base)
     for point, adjusted in zip(points, holm([p.p_value for p in points])):
         point.p_holm = adjusted
     default_names = set((defaults or {}).get(claim.method, [claim.method]))
@@ -290,6 +340,54 @@ def default_rows(claims: Sequence[Claim], split_by: Sequence[str],
     return names
 
 
+def _base_cell(collection: Collection, dataset: str, selection: str, base: str, test_env: str) -> Cell | None:
+    tables = [t for t in build_tables(collection, [selection]) if t.key == f"{dataset}/{selection}/test"]
+    if not tables or test_env not in tables[0].columns or base not in tables[0].rows:
+        return None
+    cell = _column_cell(tables[0], base, test_env)
+    return cell if cell.values else None
+
+
+def _mean_interval(values: Sequence[float]) -> str:
+    """mean [95% t-interval] (n) in percent; the interval needs two values."""
+    mean = 100 * float(np.mean(values))
+    if len(values) < 2:
+        return f"{mean:.1f} (n=1)"
+    half = 100 * stats.t.ppf(0.5 + LEVEL / 2, len(values) - 1) * np.std(values, ddof=1) / math.sqrt(len(values))
+    return f"{mean:.1f} [{mean - half:.1f}, {mean + half:.1f}] (n={len(values)})"
+
+
+def protocol_frame(claims: Sequence[Claim], collection: Collection) -> pd.DataFrame:
+    """Per claim, its base algorithm on the claim's dataset and on each `compare` dataset, one row per
+    featurizer, protocol and last recorded step, at the claim's held-out environment (or their per-trial
+    average); read with the claim's selection, or with `last` where that selection finds nothing (no
+    validation data)."""
+    records = collection.records
+    rows = []
+    seen = set()
+    for claim in claims:
+        if (claim.base, claim.dataset, claim.test_env) in seen or records.empty:
+            continue
+        seen.add((claim.base, claim.dataset, claim.test_env))
+        for dataset in (claim.dataset, *claim.compare):
+            mine = records[(records["dataset"] == dataset) & (records["algorithm"] == claim.base)]
+            if mine.empty:
+                continue
+            mine = mine.assign(_featurizer=mine["hparams"].map(_featurizer).replace("", "auto"),
+                               _last=mine.groupby("run")["step"].transform("max"))
+            for (featurizer, protocol, last), group in mine.groupby(["_featurizer", "protocol", "_last"], sort=True):
+                part = Collection(group.drop(columns=["_featurizer", "_last"]), protocol=collection.protocol)
+                cell, used = _base_cell(part, dataset, claim.selection, claim.base, claim.test_env), claim.selection
+                if cell is None and claim.selection != "last":
+                    cell, used = _base_cell(part, dataset, "last", claim.base, claim.test_env), "last"
+                if cell is None:
+                    continue
+                rows.append({"claim": claim.name, "base": claim.base, "paper": f"{claim.base_mean:g}",
+                             "dataset": dataset, "featurizer": featurizer, "protocol": protocol,
+                             "last step": int(last), "selection": used, "ours [95% CI]": _mean_interval(cell.values)})
+    return pd.DataFrame(rows)
+
+
 def _pct(x: float, digits: int = 1) -> str:
     return "—" if math.isnan(x) else f"{100 * x:+.{digits}f}"
 
@@ -332,8 +430,9 @@ def verdict_frame(verdicts: Sequence[Verdict]) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def verdict_markdown(verdicts: Sequence[Verdict]) -> str:
-    """The verdicts as Markdown: one table per selection rule, then the rule and where the numbers are from."""
+def verdict_markdown(verdicts: Sequence[Verdict], protocols: pd.DataFrame | None = None) -> str:
+    """The verdicts as Markdown: one table per selection rule, the base under each protocol tried
+    (`protocol_frame`, when given), then the rule and where the numbers are from."""
     frame = verdict_frame(verdicts)
     selections = [v.claim.selection for v in verdicts]
     lines = []
@@ -341,6 +440,9 @@ def verdict_markdown(verdicts: Sequence[Verdict]) -> str:
         rows = [i for i, s in enumerate(selections) if s == selection]
         lines += [f"### Claims read with selection {selection}: gains in points, method minus base paired by trial", "",
                   tabulate(frame.iloc[rows], headers="keys", tablefmt="github", showindex=False), ""]
+    if protocols is not None and len(protocols):
+        lines += ["### The base under each protocol tried (held-out accuracy, percent)", "",
+                  tabulate(protocols, headers="keys", tablefmt="github", showindex=False), ""]
     sources = sorted({v.claim.source for v in verdicts})
     lines.append(f"Published numbers: {'; '.join(sources)}. " + RULE +
                  f" Intervals: Student's t at {LEVEL:.0%} over the paired trials; p: paired t-test (fewer than 6 "
