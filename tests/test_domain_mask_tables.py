@@ -244,3 +244,24 @@ def test_the_tables_view_refuses_the_mask_numbers_as_accuracy_rows(sweep, capsys
     assert err.endswith("reference csordas holds no accuracies: `domaingen collect domain-masks` puts its numbers "
                         "beside ours (--reference takes dmg, domainbed_images, domainbed_mnist, modreg_table1, "
                         "pacs_modern)")
+
+
+def test_split_by_gives_each_grid_point_its_own_table(tmp_path, capsys):
+    """Two runs of one algorithm and trial that differ in a hyperparameter: pooled they would read as two
+    trials of one table; --split_by gives each its own, with its own masks' numbers."""
+    root = tmp_path / "sweep"
+    masks = [hand_masks(10), hand_masks(20)]
+    for name, lr, m in (("a", 0.1, masks[0]), ("b", 0.2, masks[1])):
+        path = write_run(root, name, 0, {"domain_masks": section(m, 0.9)})
+        record = json.loads((path / RESULTS).read_text())
+        record["hparams"] = {"lr": lr}
+        (path / RESULTS).write_text(json.dumps(record) + "\n")
+    table = pd.read_csv(io.StringIO(collect_out(capsys, "--input_dir", str(root), "--format", "csv",
+                                                "--split_by", "lr")))
+    total = sum(np.prod(s) for s in SHAPES.values())
+    row = f"kept weights, add (% of {total:,})"
+    kept = table[(table["table"] == "summary") & (table["row"] == row) & (table["column"] == "mean")]
+    kept = kept.set_index("algorithm")
+    assert sorted(kept.index) == ["ERM (lr=0.1)", "ERM (lr=0.2)"] and set(kept["n"]) == {1}
+    for algorithm, m in (("ERM (lr=0.1)", masks[0]), ("ERM (lr=0.2)", masks[1])):
+        assert kept.loc[algorithm, "mean"] == pytest.approx(100 * sum(flat(m[0][0], SHAPES)) / total)

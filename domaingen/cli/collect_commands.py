@@ -308,14 +308,20 @@ def _domain_masks_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--reference", default="csordas", metavar="FILE.csv|NAME",
                    help="the published numbers beside ours (columns: dataset, quantity, mean, error, claim, source): "
                         "a CSV file, or a shipped one's name (default: csordas, Csordás et al.'s)")
+    p.add_argument("--split_by", nargs="+", default=[], metavar="HPARAM",
+                   help="tables per value of these hyperparameters: runs that have them are named "
+                        "'ALGORITHM (HPARAM=value, ...)' (a method's defaults apart from a grid point)")
 
 
 def _domain_masks(ns: argparse.Namespace) -> int:
     from domaingen.cli.sweep_commands import _collection, _write
+    from domaingen.tables.collect import split_by_hparams
     from domaingen.tables.diagnostics import runs_directory
     from domaingen.tables.domain_mask_tables import domain_mask_tables, render
 
     collection = _collection(ns.input_dir, ns)
+    if ns.split_by:
+        collection = split_by_hparams(collection, ns.split_by)
     with runs_directory(ns.input_dir) as root:
         tables = domain_mask_tables(collection, root, ns.reference)
     return _write(render(tables, ns.format, ns.error), ns.output)
