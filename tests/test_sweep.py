@@ -322,11 +322,22 @@ def test_collect_without_finished_runs(tmp_path, capsys):
     assert code == 2 and "no finished runs in" in err
 
 
-def test_threads_are_divided_between_workers():
+def test_threads_are_divided_between_workers(monkeypatch):
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     assert threads_per_worker(2, cores=2) == 1
     assert threads_per_worker(1, cores=2) == 2
     assert threads_per_worker(3, cores=2) == 1
     assert threads_per_worker(4, cores=16) == 4
+
+
+@pytest.mark.parametrize("value, workers, cores, threads", [
+    ("1", 1, 2, 1),  # two launchers on a 2-core machine, each told one thread: 2 threads in all, not 4
+    ("3", 4, 16, 3), ("8", 4, 16, 4),  # a cap, never more than the cores' share
+    ("0", 1, 2, 2), ("many", 1, 2, 2), ("", 1, 2, 2),  # not a positive integer: no cap
+])
+def test_omp_num_threads_caps_the_threads_a_launcher_gives_its_workers(monkeypatch, value, workers, cores, threads):
+    monkeypatch.setenv("OMP_NUM_THREADS", value)
+    assert threads_per_worker(workers, cores=cores) == threads
 
 
 def test_parallel_launcher_runs_every_job(tmp_path, capsys):

@@ -16,7 +16,8 @@ def add_launch_flags(a: argparse.ArgumentParser, launcher_default: str | None, w
     a.add_argument("--launcher", default=launcher_default, choices=launch.launcher_names(),
                    help=launch.launcher_help() + launcher_help)
     a.add_argument("--workers", type=int, default=workers_default, help=workers_help)
-    a.add_argument("--threads", type=int, default=None, help="torch threads per job (default: cores / workers)")
+    a.add_argument("--threads", type=int, default=None,
+                   help="torch threads per job (default: cores / workers, at most OMP_NUM_THREADS where it is set)")
     a.add_argument("--dry", action="store_true", help="print the commands only")
     a.add_argument("--no_progress", action="store_true")
     a.add_argument("--slurm_partition")

@@ -46,9 +46,20 @@ def available_cores() -> int:
         return os.cpu_count() or 1
 
 
+def thread_limit() -> int | None:
+    """OMP_NUM_THREADS when it is a positive integer, else None: the user's cap on a process's threads
+    (two launchers sharing a machine, a shared cluster node). torch honours it at start-up, and a
+    launcher that sets threads itself must too."""
+    text = os.environ.get("OMP_NUM_THREADS", "").strip()
+    return int(text) if text.isdigit() and int(text) > 0 else None
+
+
 def threads_per_worker(workers: int, cores: int | None = None) -> int:
-    """Torch threads per worker so that workers x threads never exceeds the cores."""
-    return max(1, (cores or available_cores()) // max(1, workers))
+    """Torch threads per worker so that workers x threads never exceeds the cores, nor OMP_NUM_THREADS
+    where it is set (`thread_limit`)."""
+    share = max(1, (cores or available_cores()) // max(1, workers))
+    limit = thread_limit()
+    return min(share, limit) if limit else share
 
 
 @dataclass
