@@ -207,3 +207,23 @@ def test_training_accuracy_and_collapse_are_derived_from_each_record(tmp_path):
     assert fit == {"train_acc": 0.98, "train_collapsed": 0.0}
     assert "train_collapsed" not in training_accuracy(record, (2,), "NoSuchDataset")
     assert training_accuracy({"env0_out_acc": 0.5}, (1,), "ColoredMNIST") == {}
+
+
+def test_top_hparams_fields_are_the_selected_checkpoints(sweeps, capsys):
+    """--fields adds, per selected run, its record's fields at the step selection chose: training-domain
+    validation picks step 1 in every run of write_sweep's sweep, the last step is 1 too, so each trial's
+    kept fraction is KEPT[trial][1]; ERM records none."""
+    from test_comparisons import KEPT
+
+    out = stdout_of(capsys, "top-hparams", "--input_dir", sweeps["sweep"], "--format", "csv", "--selection",
+                    "training", "--fields", "modreg_kept*")
+    frame = pd.read_csv(io.StringIO(out))
+    modreg = frame[frame["algorithm"] == "ERM+ModReg"].sort_values("trial_seed")
+    assert modreg["step"].tolist() == [1, 1]
+    assert modreg["modreg_kept_fraction"].tolist() == pytest.approx([KEPT[0][1], KEPT[1][1]])
+    assert frame[frame["algorithm"] == "ERM"]["modreg_kept_fraction"].isna().all()
+    markdown = stdout_of(capsys, "top-hparams", "--input_dir", sweeps["sweep"], "--selection", "training",
+                         "--fields", "modreg_kept*")
+    assert "| modreg_kept_fraction " in markdown and f"| {KEPT[1][1]:.4g} " in markdown
+    assert refused(capsys, "top-hparams", "--input_dir", sweeps["sweep"], "--fields", "nothing*").startswith(
+        "domaingen: error: no recorded field matches nothing* (fields of these runs include: env0_in_acc")

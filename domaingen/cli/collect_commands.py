@@ -186,6 +186,9 @@ def _top_hparams_arguments(p: argparse.ArgumentParser) -> None:
     _add_input(p, PLAIN_FORMATS)
     _add_selection(p)
     _add_hparams_choice(p)
+    p.add_argument("--fields", nargs="+", default=[], metavar="GLOB",
+                   help="also the selected checkpoint's recorded fields matching these globs, a column each "
+                        "(e.g. 'modreg_*kept_fraction' train_acc)")
 
 
 def _top_hparams(ns: argparse.Namespace) -> int:
@@ -196,7 +199,7 @@ def _top_hparams(ns: argparse.Namespace) -> int:
     collection = _collection(ns.input_dir, ns)
     methods = _methods(collection, ns.selection, collection.bundle)
     render = top_hparams_csv if ns.format == "csv" else top_hparams_markdown
-    return _write(render(collection, methods, ns.hparams_choice), ns.output)
+    return _write(render(collection, methods, ns.hparams_choice, ns.fields), ns.output)
 
 
 def _trajectories_arguments(p: argparse.ArgumentParser) -> None:

@@ -3,7 +3,9 @@
 The view of DomainBed's `list_top_hparams.py`, for the selected draws: per
 selection method, dataset, algorithm, test environment and trial, the chosen run
 directory, hparams_seed, step, hyperparameter values, and validation and test
-accuracy. Every number in a table can be traced to the run behind it this way.
+accuracy. Every number in a table can be traced to the run behind it this way. With `fields`, the
+selected checkpoint's recorded fields too (a run's kept weights, its training accuracy), one
+column each, so that a spread over trials reads off the rows.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import pandas as pd
 from tabulate import tabulate
 
 from domaingen.tables.collect import Collection, n_environments, table_records
+from domaingen.tables.comparisons import matching_fields
 from domaingen.tables.reporting import environment_names
 from domaingen.tables.selection import HPARAMS_CHOICE_TITLES, select, selection_method
 
@@ -23,9 +26,12 @@ COLUMNS = ["selection", "hparams_choice", "dataset", "algorithm", "test_env", "t
            "val_acc", "test_acc", "run", "hparams"]
 
 
-def selected_runs(collection: Collection, methods: Sequence[str], hparams_choice: str = "per_trial") -> pd.DataFrame:
-    """One row per selection method and selected (dataset, algorithm, test_env, trial_seed): COLUMNS."""
+def selected_runs(collection: Collection, methods: Sequence[str], hparams_choice: str = "per_trial",
+                  fields: Sequence[str] = ()) -> pd.DataFrame:
+    """One row per selection method and selected (dataset, algorithm, test_env, trial_seed): COLUMNS, then
+    the record fields matching the globs `fields` at the selected checkpoint (NaN where not recorded)."""
     records = table_records(collection)
+    names = matching_fields(collection.records, fields) if fields else []
     parts = []
     for method in methods:
         chosen = select(records, method, hparams_choice)
@@ -33,13 +39,19 @@ def selected_runs(collection: Collection, methods: Sequence[str], hparams_choice
             continue
         parts.append(chosen.assign(selection=method, hparams_choice=hparams_choice))
     if not parts:
-        return pd.DataFrame(columns=COLUMNS)
-    return pd.concat(parts, ignore_index=True)[COLUMNS]
+        return pd.DataFrame(columns=COLUMNS + names)
+    frame = pd.concat(parts, ignore_index=True)[COLUMNS]
+    if names:
+        at = collection.records.drop_duplicates(["run", "step"]).set_index(["run", "step"])[names]
+        keys = list(zip(frame["run"], frame["step"].astype(int)))
+        frame = pd.concat([frame, at.reindex(keys).reset_index(drop=True)], axis=1)
+    return frame
 
 
-def top_hparams_csv(collection: Collection, methods: Sequence[str], hparams_choice: str = "per_trial") -> str:
+def top_hparams_csv(collection: Collection, methods: Sequence[str], hparams_choice: str = "per_trial",
+                    fields: Sequence[str] = ()) -> str:
     """The selected runs as CSV (hyperparameters as one JSON column)."""
-    return selected_runs(collection, methods, hparams_choice).to_csv(index=False)
+    return selected_runs(collection, methods, hparams_choice, fields).to_csv(index=False)
 
 
 def _hparams_frame(rows: pd.DataFrame) -> pd.DataFrame:
@@ -50,13 +62,19 @@ def _value(v) -> str:
     return f"{v:.4g}" if isinstance(v, float) else str(v)
 
 
+def _field(v) -> str:
+    return "—" if pd.isna(v) else f"{float(v):.4g}"
+
+
 def _percent(acc: float) -> str:
     return "-" if pd.isna(acc) else f"{100 * acc:.2f}"
 
 
-def top_hparams_markdown(collection: Collection, methods: Sequence[str], hparams_choice: str = "per_trial") -> str:
+def top_hparams_markdown(collection: Collection, methods: Sequence[str], hparams_choice: str = "per_trial",
+                         fields: Sequence[str] = ()) -> str:
     """Per method, dataset and algorithm, a table of the selected runs; constant hyperparameters listed once."""
-    frame = selected_runs(collection, methods, hparams_choice)
+    frame = selected_runs(collection, methods, hparams_choice, fields)
+    field_names = list(frame.columns[len(COLUMNS):])
     out = io.StringIO()
     if frame.empty:
         return "No run could be selected.\n"
@@ -80,10 +98,10 @@ def top_hparams_markdown(collection: Collection, methods: Sequence[str], hparams
             body = [
                 [names[int(r.test_env)] if int(r.test_env) < len(names) else r.test_env, int(r.trial_seed),
                  int(r.hparams_seed), int(r.step), _percent(r.val_acc), _percent(r.test_acc)]
-                + [_value(hp.at[idx, c]) for c in varying] + [r.run]
+                + [_value(hp.at[idx, c]) for c in varying] + [_field(rows.at[idx, n]) for n in field_names] + [r.run]
                 for idx, r in zip(rows.index, rows.itertuples())
             ]
-            headers = ["test env", "trial", "hparams_seed", "step", "val acc", "test acc"] + varying + ["run"]
+            headers = ["test env", "trial", "hparams_seed", "step", "val acc", "test acc"] + varying + field_names + ["run"]
             out.write(tabulate(body, headers=headers, tablefmt="github", disable_numparse=True))
             out.write("\n\n")
     return out.getvalue()
