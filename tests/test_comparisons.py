@@ -124,7 +124,7 @@ def test_collect_refuses_bad_pairs_in_one_line(tmp_path, capsys):
     assert capsys.readouterr().err.strip().splitlines()[-1].endswith("--paired takes ALGORITHM:BASE pairs (e.g. ERM+ModReg:ERM), got 'ERM'")
     # top-hparams prints no tables to add to
     assert main(["collect", "top-hparams", "--input_dir", str(tmp_path / "s"), "--paired"]) == 2
-    assert capsys.readouterr().err.strip() == "domaingen collect top-hparams: error: unknown flag --paired"
+    assert capsys.readouterr().err.strip().startswith("domaingen collect top-hparams: error: unknown flag --paired")
 
 
 # a twin sweep: the same restarts with one setting changed; ERM has trials 0-2 in both
