@@ -266,3 +266,26 @@ def test_claims_files_add_up_and_name_their_compare_datasets(tmp_path):
     with pytest.raises(DomaingenError, match="^claims file .* line 2: test_env '-90%' is not an environment of "
                                              "RotatedMNIST"):
         read_claims(bad)
+
+
+def test_sources_of_two_protocols_are_judged_apart(tmp_path, capsys):
+    """A paired sweep and a DomainBed-protocol sweep never share a table: each claim is judged within the
+    protocol whose runs have its dataset, and the protocols table lists both; a --split_by key no source
+    has is still one line."""
+    from test_comparisons import TEST, write_sweep
+
+    write_sweep(tmp_path / "paired")
+    write_sweep(tmp_path / "domainbed", {"ERM": [0.1, 0.2], "ERM+ModReg": [0.3, 0.4]}, protocol="domainbed")
+    claims = tmp_path / "claims.csv"
+    claims.write_text("claim,dataset,test_env,featurizer,base,method,base_mean,method_mean,selection,source\n"
+                      "c,ColoredMNIST,+90%,auto,ERM,ERM+ModReg,50,52,training,paper\n")
+    argv = ["-q", "collect", "verdict", "--input_dir", str(tmp_path / "paired"), str(tmp_path / "domainbed"),
+            "--claims", str(claims), "--format", "csv"]
+    capsys.readouterr()
+    assert main(argv) == 0
+    row = pd.read_csv(__import__("io").StringIO(capsys.readouterr().out)).iloc[0]
+    # the paired sweep's runs (the first source with the dataset): ERM 0.5, 0.6 (0.7 unpaired) -> 55.0
+    assert row["ours: base → best method"].startswith(f"{100 * np.mean(TEST['ERM']):.1f} → ")
+    assert main([*argv, "--split_by", "nothing"]) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1].startswith(
+        "domaingen: error: --split_by nothing: no run has this hyperparameter")

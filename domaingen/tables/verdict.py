@@ -179,7 +179,8 @@ def read_claims_files(names: Sequence[str | os.PathLike]) -> list[Claim]:
 
 
 def _featurizer(hparams: str) -> str:
-    return str(json.loads(hparams).get("featurizer", ""))
+    """A run's featurizer; one whose hparams do not name it used the default, `auto`."""
+    return str(json.loads(hparams).get("featurizer", "auto"))
 
 
 def claim_records(collection: Collection, claim: Claim) -> Collection:
