@@ -108,3 +108,18 @@ def test_the_sweep_is_the_issues_36_jobs():
     per_dataset = {name: sum(j.args["dataset"] == name for j in jobs) for name in ("ColoredMNIST", "RotatedMNIST")}
     assert per_dataset == {"ColoredMNIST": 3 * 4, "RotatedMNIST": 6 * 4}
     assert {(j.args["steps"], j.args["checkpoint_freq"], j.args["algorithm"]) for j in jobs} == {(501, 100, "ERM")}
+
+
+def test_a_part_that_fails_is_recorded_and_the_next_part_still_runs():
+    figures, said, ran = GpuFigures(gpu="fake"), [], []
+
+    def broken():
+        raise RuntimeError("CUDA error: out of memory\nmore detail")
+
+    gpu.attempt(figures, "vmap", broken, said.append)
+    gpu.attempt(figures, "evaluation", lambda: ran.append("evaluation"), said.append)
+    assert figures.failures == {"vmap": "RuntimeError: CUDA error: out of memory"}
+    assert ran == ["evaluation"]
+    assert said[:2] == ["vmap", "vmap: failed (RuntimeError: CUDA error: out of memory)"]
+    assert said[2] == "evaluation" and said[3].startswith("evaluation: done in ")
+    assert ["vmap: failed", "RuntimeError: CUDA error: out of memory"] in figure_rows(figures)

@@ -97,6 +97,7 @@ class GpuFigures:
     eval_rate: dict[str, float] = field(default_factory=dict)  # "2048 fp32" -> images/s
     sweep: dict[str, float] = field(default_factory=dict)  # wall, startup_mean, startup_max, jobs
     resnet_ms: dict[str, float] = field(default_factory=dict)  # "fp32", "bf16"
+    failures: dict[str, str] = field(default_factory=dict)  # part -> why it failed (the other parts still ran)
 
 
 def _target(value: float, target: float, at_most: bool = True, unit: str = "") -> str:
@@ -163,6 +164,8 @@ def figure_rows(f: GpuFigures) -> list[list]:
         rows.append([f"whole protocol ({PROTOCOL_RUNS} runs of {PROTOCOL_STEPS} steps, {eval_images_per_run():,} "
                      "images evaluated each) at the shared rate",
                      f"{hours:.1f} GPU-hours " + _target(hours, TARGETS["protocol_hours"], unit=" GPU-hours")])
+    for part, why in f.failures.items():
+        rows.append([f"{part}: failed", why])
     for key in ("2001 fp32",):
         peer, own = f.runs.get(f"DomainBed {key.split()[0]}"), f.runs.get(key)
         if peer and own:
@@ -400,6 +403,20 @@ def peer_runs(peer: str, data_dir: str, tmp: Path) -> dict[str, dict[str, float]
     return found
 
 
+def attempt(figures: GpuFigures, part: str, action: Callable[[], Any], say: Callable[[str], None]) -> None:
+    """Run one part of the section; a part that raises is recorded in `figures.failures` (its type and
+    message) and the next part runs, so that one failure on a lent GPU does not lose every other figure."""
+    say(part)
+    started = time.perf_counter()
+    try:
+        action()
+    except Exception as exc:  # noqa: BLE001 - any failure of one part is reported, not raised
+        figures.failures[part] = f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
+        say(f"{part}: failed ({figures.failures[part]})")
+        return
+    say(f"{part}: done in {time.perf_counter() - started:.0f} s")
+
+
 def measure(data_dir: str, peer: str | None = None, progress: Callable[[str], None] | None = None) -> GpuFigures:
     """Every figure of the section on this machine's first CUDA GPU (see the module docstring)."""
     import torch
@@ -411,36 +428,52 @@ def measure(data_dir: str, peer: str | None = None, progress: Callable[[str], No
     figures = GpuFigures(gpu=torch.cuda.get_device_name(0))
     with tempfile.TemporaryDirectory(prefix="domaingen-gpu-") as tmp_name:
         tmp = Path(tmp_name)
-        say("single runs")
-        for steps, precision in ((2001, "fp32"), (501, "fp32"), (501, "bf16")):
-            wall, rss, _ = _run_child(data_dir, tmp / f"run-{steps}-{precision}", steps, 100,
-                                      ["--precision", precision])
-            figures.runs[f"{steps} {precision}"] = {"wall": wall, "rss": rss}
+
+        def single_runs() -> None:
+            for steps, precision in ((2001, "fp32"), (501, "fp32"), (501, "bf16")):
+                wall, rss, _ = _run_child(data_dir, tmp / f"run-{steps}-{precision}", steps, 100,
+                                          ["--precision", precision])
+                figures.runs[f"{steps} {precision}"] = {"wall": wall, "rss": rss}
+                say(f"  {steps} steps {precision}: {wall:.1f} s, {rss:.2f} GB")
+
+        def steps() -> None:
+            for scale in (1, 8):
+                model, batches = erm_model(device, per_env=64 * scale)
+                prefix = "8x " if scale > 1 else ""
+                for precision in ("fp32", "bf16"):
+                    figures.steps_ms[f"{prefix}eager {precision}"] = step_ms(model, batches, device, precision)
+                for precision in ("fp32", "bf16"):
+                    figures.steps_ms[f"{prefix}captured {precision}"] = captured_step_ms(data_dir, tmp, precision,
+                                                                                         64 * scale)
+                del model, batches
+                say(f"  {figures.steps_ms}")
+
+        def shared() -> None:
+            figures.shared_seconds = 4.0
+            figures.shared = shared_rates(SHARED_PROCESSES, figures.shared_seconds)
+            say(f"  {figures.shared}")
+
+        def resnet() -> None:
+            for precision in ("fp32", "bf16"):
+                figures.resnet_ms[precision] = resnet_ms(device, precision)
+            torch.cuda.empty_cache()
+            say(f"  {figures.resnet_ms}")
+
+        attempt(figures, "single runs", single_runs, say)
         if peer:
-            say("DomainBed's runs")
-            figures.runs.update(peer_runs(peer, data_dir, tmp))
-        say("steps")
-        for scale in (1, 8):
-            model, batches = erm_model(device, per_env=64 * scale)
-            prefix = "8x " if scale > 1 else ""
-            for precision in ("fp32", "bf16"):
-                figures.steps_ms[f"{prefix}eager {precision}"] = step_ms(model, batches, device, precision)
-            for precision in ("fp32", "bf16"):
-                figures.steps_ms[f"{prefix}captured {precision}"] = captured_step_ms(data_dir, tmp, precision,
-                                                                                     64 * scale)
-            del model, batches
-        say("processes sharing the GPU")
-        figures.shared_seconds = 4.0
-        figures.shared = shared_rates(SHARED_PROCESSES, figures.shared_seconds)
-        say("vmap")
-        figures.vmap = vmap_ms(device)
-        say("evaluation")
-        figures.eval_rate = eval_rates(data_dir, device)
-        say("ResNet-50")
-        figures.resnet_ms = {p: resnet_ms(device, p) for p in ("fp32", "bf16")}
-        torch.cuda.empty_cache()
-        say("the 36-job sweep")
-        figures.sweep = sweep_figures(data_dir, tmp)
+            attempt(figures, "DomainBed's runs", lambda: figures.runs.update(peer_runs(peer, data_dir, tmp)), say)
+        attempt(figures, "steps", steps, say)
+        attempt(figures, "processes sharing the GPU", shared, say)
+        def measured_into(found: dict, produce: Callable[[], dict]) -> Callable[[], None]:
+            def action() -> None:
+                found.update(produce())
+                say(f"  {found}")
+            return action
+
+        attempt(figures, "vmap", measured_into(figures.vmap, lambda: vmap_ms(device)), say)
+        attempt(figures, "evaluation", measured_into(figures.eval_rate, lambda: eval_rates(data_dir, device)), say)
+        attempt(figures, "ResNet-50", resnet, say)
+        attempt(figures, "the 36-job sweep", measured_into(figures.sweep, lambda: sweep_figures(data_dir, tmp)), say)
     return figures
 
 
