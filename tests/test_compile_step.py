@@ -68,7 +68,8 @@ def _train(algorithm, update, steps: int, device: torch.device = CPU) -> list[di
 
 def _assert_same_weights(a, b, atol: float) -> None:
     for (name, x), y in zip(a.state_dict().items(), b.state_dict().values()):
-        assert torch.allclose(x.float(), y.float(), atol=atol, rtol=0), name
+        gap = (x.float() - y.float()).abs().max().item() if x.numel() else 0.0
+        assert gap <= atol, f"{name}: largest difference {gap:.3g} > {atol:g}"
 
 
 # ---- inductor on the CPU (compiles)
@@ -256,9 +257,27 @@ def test_a_sweep_takes_compile_step_without_changing_job_ids_or_its_spec(tmp_pat
 # ---- CUDA graphs (a CUDA device)
 
 
+@pytest.fixture
+def full_fp32_kernels():
+    """Full-fp32, deterministic cuDNN and cuBLAS for one test, restored after it.
+
+    PyTorch lets cuDNN's convolutions use TF32 by default, and cuDNN may pick a different algorithm for
+    the captured graph than for the eager step: on an H100 (torch 2.11) the two paths' first-layer
+    weights then parted by more than 1e-4 after 5 steps. This test checks what the capture replays
+    (the same inputs, the same optimizer state), not the kernels' precision, so it fixes the kernels.
+    """
+    saved = (torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32,
+             torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark)
+    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = True, False
+    yield
+    (torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32,
+     torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark) = saved
+
+
 @pytest.mark.compile
 @needs_cuda
-def test_cudagraph_updates_equal_eager_updates_on_cuda(caplog):
+def test_cudagraph_updates_equal_eager_updates_on_cuda(caplog, full_fp32_kernels):
     cuda = torch.device("cuda")
     eager = _algorithm("ERM", featurizer="MNIST_CNN").to(cuda, memory_format=torch.channels_last)
     eager_losses = _train(eager, eager.update, 5, cuda)
