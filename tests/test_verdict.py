@@ -289,3 +289,26 @@ def test_sources_of_two_protocols_are_judged_apart(tmp_path, capsys):
     assert main([*argv, "--split_by", "nothing"]) == 2
     assert capsys.readouterr().err.strip().splitlines()[-1].startswith(
         "domaingen: error: --split_by nothing: no run has this hyperparameter")
+
+
+def test_judge_sources_judges_each_claim_within_the_first_protocol_holding_its_dataset():
+    """Two sources of different protocols: the claim is judged on the first whose runs have its
+    dataset (the same verdict as judging that source alone), never on both merged."""
+    from domaingen.tables.verdict import judge_sources
+
+    def sweep(points: dict[float, list[float]], protocol: str) -> Collection:
+        rows = run_records("ERM", BASE, {"featurizer": "MLP"}, f"{protocol}-erm")
+        for scale, diffs in points.items():
+            rows += run_records("ERM+ModReg", [b + d for b, d in zip(BASE, diffs)],
+                                {"featurizer": "MLP", "modreg_scale": scale}, f"{protocol}-m{scale}")
+        return Collection(pd.DataFrame([{**row, "protocol": protocol} for row in rows]), protocol=protocol)
+
+    paired = sweep({1.0: DEFAULTS, 0.3: STRONG}, "paired")
+    other = sweep({1.0: WEAK, 0.3: WEAK}, "domainbed")
+    verdicts, protocols = judge_sources([CLAIM], [("a", paired), ("b", other)], ["modreg_scale"])
+    alone = verdict_of(grid({1.0: DEFAULTS, 0.3: STRONG}))
+    assert verdicts[0].verdict == alone.verdict == "reproduced"
+    assert [(p.name, p.differences) for p in verdicts[0].points] == [(p.name, p.differences) for p in alone.points]
+    assert sorted(protocols["protocol"]) == ["domainbed", "paired"]
+    first, _ = judge_sources([CLAIM], [("b", other), ("a", paired)], ["modreg_scale"])
+    assert first[0].verdict != "reproduced"  # the DomainBed-protocol source comes first: its losses are judged

@@ -346,42 +346,16 @@ def _verdict_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _verdict(ns: argparse.Namespace) -> int:
-    import json
-
-    import pandas as pd
-
     from domaingen.cli.sweep_commands import _collection, _write, labelled_sources
-    from domaingen.tables.collect import merged, split_by_hparams
-    from domaingen.tables.verdict import (default_rows, judge, parse_equivalents, protocol_frame, read_claims_files,
-                                          verdict_csv, verdict_markdown)
+    from domaingen.tables.verdict import (judge_sources, parse_equivalents, read_claims_files, verdict_csv,
+                                          verdict_markdown)
 
     claims = read_claims_files(ns.claims)
     equivalents = parse_equivalents(ns.defaults, ns.split_by)
     sources = list(ns.input_dir)
     loaded = ([("", _collection(sources[0], ns))] if len(sources) == 1 else
               [(label, _collection(path, ns)) for label, path in labelled_sources(sources)])
-    # sources of one protocol merge; each claim is judged within the protocol whose runs have its dataset
-    by_protocol: dict[str, list] = {}
-    for label, collection in loaded:
-        by_protocol.setdefault(collection.protocol, []).append((label, collection))
-    groups = [parts[0][1] if len(parts) == 1 else merged(parts, label_algorithms=False)
-              for parts in by_protocol.values()]
-    frames = [protocol_frame(claims, group) for group in groups]
-    protocols = pd.concat([f for f in frames if len(f)], ignore_index=True) if any(len(f) for f in frames) else None
-    if ns.split_by:
-        present = [{k for h in g.records["hparams"].unique() for k in json.loads(h)} if len(g.records) else set()
-                   for g in groups]
-        for key in ns.split_by:
-            if not any(key in keys for keys in present):
-                split_by_hparams(groups[0], [key])  # raises the one-line message naming the key
-        groups = [split_by_hparams(g, [k for k in ns.split_by if k in keys]) if keys & set(ns.split_by) else g
-                  for g, keys in zip(groups, present)]
-    defaults = default_rows(claims, ns.split_by, equivalents)
-
-    def group_of(claim):
-        return next((g for g in groups if len(g.records) and (g.records["dataset"] == claim.dataset).any()), groups[0])
-
-    verdicts = [judge(claim, group_of(claim), defaults) for claim in claims]
+    verdicts, protocols = judge_sources(claims, loaded, ns.split_by, equivalents)
     if ns.format == "csv":
         return _write(verdict_csv(verdicts), ns.output)
     return _write(verdict_markdown(verdicts, protocols), ns.output)

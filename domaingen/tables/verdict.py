@@ -341,6 +341,39 @@ def default_rows(claims: Sequence[Claim], split_by: Sequence[str],
     return names
 
 
+def judge_sources(claims: Sequence[Claim], sources: Sequence[tuple[str, Collection]], split_by: Sequence[str] = (),
+                  equivalents: Mapping[str, object] | None = None) -> tuple[list[Verdict], pd.DataFrame | None]:
+    """Every claim judged on labelled collections, and the protocols table (None when it is empty).
+
+    Sources of one protocol merge; sources of different protocols stay apart, and each claim is judged
+    within the first protocol whose runs hold its dataset (so a paired grid and a DomainBed-protocol
+    sweep never share a table). `split_by` splits each protocol's rows by those hyperparameters where
+    its runs have them; a key no source has raises collect's one-line message naming it."""
+    from domaingen.tables.collect import merged, split_by_hparams
+
+    by_protocol: dict[str, list[tuple[str, Collection]]] = {}
+    for label, collection in sources:
+        by_protocol.setdefault(collection.protocol, []).append((label, collection))
+    groups = [parts[0][1] if len(parts) == 1 else merged(parts, label_algorithms=False)
+              for parts in by_protocol.values()]
+    frames = [frame for frame in (protocol_frame(claims, group) for group in groups) if len(frame)]
+    protocols = pd.concat(frames, ignore_index=True) if frames else None
+    if split_by:
+        present = [{k for h in g.records["hparams"].unique() for k in json.loads(h)} if len(g.records) else set()
+                   for g in groups]
+        for key in split_by:
+            if not any(key in keys for keys in present):
+                split_by_hparams(groups[0], [key])  # raises the one-line message naming the key
+        groups = [split_by_hparams(g, [k for k in split_by if k in keys]) if keys & set(split_by) else g
+                  for g, keys in zip(groups, present)]
+    defaults = default_rows(claims, split_by, equivalents)
+
+    def group_of(claim: Claim) -> Collection:
+        return next((g for g in groups if len(g.records) and (g.records["dataset"] == claim.dataset).any()), groups[0])
+
+    return [judge(claim, group_of(claim), defaults) for claim in claims], protocols
+
+
 def _base_cell(collection: Collection, dataset: str, selection: str, base: str, test_env: str) -> Cell | None:
     tables = [t for t in build_tables(collection, [selection]) if t.key == f"{dataset}/{selection}/test"]
     if not tables or test_env not in tables[0].columns or base not in tables[0].rows:
