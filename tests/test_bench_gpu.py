@@ -36,8 +36,8 @@ def figures() -> GpuFigures:
               "501 bf16": {"wall": 12.5, "rss": 1.4}, "DomainBed 2001": {"wall": 84.0, "rss": 1.8},
               "DomainBed 501": {"wall": 32.2, "rss": 1.8}},
         steps_ms={"eager fp32": 3.3, "eager bf16": 3.9,
-                  "captured fp32": "not available (this tree has no --compile_step setting)",
-                  "8x eager fp32": 11.8},
+                  "captured fp32": "not available (--compile_step cudagraphs fell back to eager; see the warning)",
+                  "in a run captured fp32": 2.0, "8x eager fp32": 11.8},
         shared={1: 311.0, 4: 443.0, 8: 443.0, 16: 700.0}, shared_seconds=4.0,
         vmap={8: 2.71, 32: "out of memory"},
         eval_rate={"2048 fp32": 350_000.0, "8192 bf16": 360_000.0},
@@ -53,8 +53,11 @@ def test_rows_from_made_up_figures_carry_the_targets():
         "25.0 s, 1.50 GB RSS; DomainBed 84.0 s, 1.80 GB (3.36x)")
     assert rows["the same, 501 steps and 6 evaluations, bf16"] == (
         "12.5 s, 1.40 GB RSS; DomainBed 32.2 s, 1.80 GB (2.58x)")
-    assert rows["one ERM step, --compile_step cudagraphs, fp32 (2 x 64, run records)"] == (
-        "not available (this tree has no --compile_step setting)")
+    assert rows["one ERM step, 3 x 64, --compile_step cudagraphs, fp32 (in process)"] == (
+        "not available (--compile_step cudagraphs fell back to eager; see the warning)")
+    assert rows["one step of a --compile_step cudagraphs run, fp32 (2 x 64: sampling and logging included, "
+                "run records)"] == "2.00 ms"
+    # the target is the 3 x 64 step's: a real run's 2 x 64 step is other work and does not count
     assert rows["the fastest MNIST_CNN step above"] == "3.30 ms (target ≤ 1.5 ms: not met)"
     assert rows["processes sharing the GPU, eager fp32 steps/s in all (4 s windows)"] == (
         "1: 311, 4: 443, 8: 443, 16: 700 (target ≥ 700 steps/s: met)")
@@ -123,3 +126,24 @@ def test_a_part_that_fails_is_recorded_and_the_next_part_still_runs():
     assert said[:2] == ["vmap", "vmap: failed (RuntimeError: CUDA error: out of memory)"]
     assert said[2] == "evaluation" and said[3].startswith("evaluation: done in ")
     assert ["vmap: failed", "RuntimeError: CUDA error: out of memory"] in figure_rows(figures)
+
+
+def test_the_in_process_captured_step_says_why_on_a_cpu_and_step_ms_times_the_update_given():
+    device = torch.device("cpu")
+    assert gpu.captured_inprocess_ms(device, "fp32", per_env=4) == (
+        "not available (--compile_step cudagraphs trains eagerly on cpu; see the warning)")
+    model, batches = gpu.erm_model(device, per_env=4)
+    calls = []
+    assert gpu.step_ms(model, batches, device, "fp32", steps=3, warmup=2, update=calls.append) >= 0
+    assert calls == [batches] * 5
+
+
+def test_the_in_process_captured_step_reports_an_eager_fallback(monkeypatch):
+    from domaingen.run import compiled_step
+
+    def refused(fn, **kwargs):
+        raise RuntimeError("no compiler")
+
+    monkeypatch.setattr(torch, "compile", refused)  # the wrapper falls back to eager before the first step
+    assert gpu.captured_inprocess_ms(torch.device("cpu"), "fp32", per_env=4, mode=compiled_step.INDUCTOR) == (
+        "not available (--compile_step inductor fell back to eager; see the warning)")

@@ -5,10 +5,12 @@ Every figure keeps the issue's definition (ColoredMNIST, test environment 2, ERM
 - one run, 2001 steps and 21 evaluations: wall time and the main process's peak RSS of a
   `domaingen train` child; 501 steps and 6 evaluations in fp32 and bf16 (with `--peer DIR`,
   DomainBed's train.py beside each, through bench.peer);
-- one ERM step on 3 x 64 examples, eager in fp32 and bf16 (medians, synchronised), and
-  captured: `domaingen train --compile_step cudagraphs` children whose records' step times
-  (after the first interval) give the step; a tree without that setting says "not available";
-- the same step at 8x the batch (3 x 512);
+- one ERM step on 3 x 64 examples, eager and captured (the training loop's `--compile_step
+  cudagraphs` wrapper, in this process) in fp32 and bf16, medians of synchronised steps; and one
+  `domaingen train --compile_step cudagraphs` child (2 x 64, fp32) whose records' step times after
+  the first two intervals give a real run's step, sampling and logging included; a tree without
+  that setting says "not available";
+- the same step at 8x the batch (3 x 512), eager and captured;
 - 1, 4, 8 and 16 processes stepping eagerly on the GPU at once: steps/s of all together;
 - N runs stacked with vmap (bench.batching), N = 8 and 32 (out of memory says so);
 - evaluation of ColoredMNIST's 70,000 images in batches of 2048 and 8192, fp32 and bf16;
@@ -125,15 +127,17 @@ def figure_rows(f: GpuFigures) -> list[list]:
         rows.append([label, value])
     for key, label in (("eager fp32", "one ERM step, 3 x 64, eager fp32 (median)"),
                        ("eager bf16", "one ERM step, 3 x 64, eager bf16 autocast"),
-                       ("captured fp32", "one ERM step, --compile_step cudagraphs, fp32 (2 x 64, run records)"),
-                       ("captured bf16", "one ERM step, --compile_step cudagraphs, bf16 (2 x 64, run records)"),
+                       ("captured fp32", "one ERM step, 3 x 64, --compile_step cudagraphs, fp32 (in process)"),
+                       ("captured bf16", "one ERM step, 3 x 64, --compile_step cudagraphs, bf16 (in process)"),
+                       ("in a run captured fp32", "one step of a --compile_step cudagraphs run, fp32 (2 x 64: "
+                                                  "sampling and logging included, run records)"),
                        ("8x eager fp32", "the step at 8x the batch (3 x 512), eager fp32"),
                        ("8x eager bf16", "the step at 8x the batch (3 x 512), eager bf16"),
-                       ("8x captured fp32", "the step at 8x the batch (2 x 512), cudagraphs fp32 (run records)"),
-                       ("8x captured bf16", "the step at 8x the batch (2 x 512), cudagraphs bf16 (run records)")):
+                       ("8x captured fp32", "the step at 8x the batch (3 x 512), cudagraphs fp32 (in process)"),
+                       ("8x captured bf16", "the step at 8x the batch (3 x 512), cudagraphs bf16 (in process)")):
         if key in f.steps_ms:
             rows.append([label, _ms(f.steps_ms[key])])
-    numeric = [v for k, v in f.steps_ms.items() if not k.startswith("8x") and isinstance(v, float)]
+    numeric = [v for k, v in f.steps_ms.items() if not k.startswith(("8x", "in a run")) and isinstance(v, float)]
     if numeric:
         rows.append(["the fastest MNIST_CNN step above", f"{min(numeric):.2f} ms "
                      + _target(min(numeric), TARGETS["step_ms"], unit=" ms")])
@@ -204,16 +208,18 @@ def erm_model(device, per_env: int = 64, n_envs: int = 3):
     return model, batches
 
 
-def step_ms(model, batches, device, precision: str, steps: int = 50, warmup: int = 10) -> float:
-    """Median milliseconds of `model.update(batches)`, each step synchronised."""
+def step_ms(model, batches, device, precision: str, steps: int = 50, warmup: int = 10,
+            update: Callable | None = None) -> float:
+    """Median milliseconds of `model.update(batches)` (or of `update(batches)`), each step synchronised."""
     from domaingen.run.evaluation import autocast_context
 
+    update = update or model.update
     times = []
     for i in range(warmup + steps):
         _sync(device)
         start = time.perf_counter()
         with autocast_context(device, precision):
-            model.update(batches)
+            update(batches)
         _sync(device)
         if i >= warmup:
             times.append(time.perf_counter() - start)
@@ -254,6 +260,22 @@ def captured_step_ms(data_dir: str, tmp: Path, precision: str, batch_size: int =
         return f"not available ({exc})"
     steady = [r["step_time"] for r in records[2:]] or [r["step_time"] for r in records[-1:]]
     return statistics.median(steady) * 1000
+
+
+def captured_inprocess_ms(device, precision: str, per_env: int = 64, mode: str = "cudagraphs") -> float | str:
+    """The eager rows' step (ERM, MNIST_CNN, 3 x `per_env` random examples) through the training loop's
+    `--compile_step` wrapper, in this process: the median as `step_ms` times it (after 10 warm-up steps,
+    capture included), or why it is not available (the wrapper declined or fell back to eager)."""
+    from domaingen.run.compiled_step import CompiledUpdate, step_update
+
+    model, batches = erm_model(device, per_env=per_env)
+    update = step_update(model.update, model, mode, device)
+    if not isinstance(update, CompiledUpdate):
+        return f"not available (--compile_step {mode} trains eagerly on {device.type}; see the warning)"
+    ms = step_ms(model, batches, device, precision, update=update)
+    if update.compiled is None:
+        return f"not available (--compile_step {mode} fell back to eager; see the warning)"
+    return ms
 
 
 def _share_worker(rank: int, barrier, results, phases: Sequence[int], seconds: float, device_name: str) -> None:
@@ -442,11 +464,13 @@ def measure(data_dir: str, peer: str | None = None, progress: Callable[[str], No
                 prefix = "8x " if scale > 1 else ""
                 for precision in ("fp32", "bf16"):
                     figures.steps_ms[f"{prefix}eager {precision}"] = step_ms(model, batches, device, precision)
-                for precision in ("fp32", "bf16"):
-                    figures.steps_ms[f"{prefix}captured {precision}"] = captured_step_ms(data_dir, tmp, precision,
-                                                                                         64 * scale)
                 del model, batches
+                for precision in ("fp32", "bf16"):
+                    figures.steps_ms[f"{prefix}captured {precision}"] = captured_inprocess_ms(device, precision,
+                                                                                              64 * scale)
                 say(f"  {figures.steps_ms}")
+            figures.steps_ms["in a run captured fp32"] = captured_step_ms(data_dir, tmp, "fp32", 64)
+            say(f"  {figures.steps_ms}")
 
         def shared() -> None:
             figures.shared_seconds = 4.0
