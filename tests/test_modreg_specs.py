@@ -70,23 +70,25 @@ def test_rmnist_grid_runs_domainbeds_mlp_at_full_length():
 
 def test_pi_and_trials_specs_extend_the_grid_at_its_points():
     """The pi-reading spec is one grid point with modreg_pi = "logit", its trial t paired with the grid's
-    ERM of trial t; the trials spec's first three trials are the grid's own jobs (the same ids), so
-    launched into the grid's directory only the new trials run."""
+    ERM of trial t (the grid's for trials 0-2, the trials spec's after); the trials spec's first three
+    trials are the grid's own jobs (the same ids), so launched into the grid's directory only the new
+    trials run."""
     grid = _jobs("modreg_grid_rmnist.toml")
     grid_ids = {j.job_id for j in grid}
+    trials = _jobs("modreg_grid_rmnist_trials.toml")
     pi = _jobs("modreg_pi_rmnist.toml")
-    assert {j.args["hparams"]["modreg_pi"] for j in pi} == {"logit"} and len(pi) == 3
+    assert {j.args["hparams"]["modreg_pi"] for j in pi} == {"logit"} and len(pi) == 12
     point = {k: v for k, v in pi[0].args["hparams"].items() if k != "modreg_pi"}
     twins = [j for j in grid if j.args["hparams"] == point]
     assert len(twins) == 3 and not {j.job_id for j in pi} & grid_ids
     for job in pi:
         a = job.args
-        erm = next(j.args for j in grid if j.args["algorithm"] == "ERM" and j.args["trial_seed"] == a["trial_seed"])
+        erm = next(j.args for j in grid + trials
+                   if j.args["algorithm"] == "ERM" and j.args["trial_seed"] == a["trial_seed"])
         assert run_seed(a["dataset"], a["algorithm"], a["test_envs"], a["hparams_seed"], a["trial_seed"]) == \
             run_seed(erm["dataset"], "ERM", erm["test_envs"], 0, a["trial_seed"])
         assert {k: v for k, v in a.items() if k not in ("algorithm", "hparams")} == \
             {k: v for k, v in erm.items() if k not in ("algorithm", "hparams")}
-    trials = _jobs("modreg_grid_rmnist_trials.toml")
     early = {j.job_id for j in trials if j.args["trial_seed"] < 3}
-    assert len(trials) == 3 * 6 and early <= grid_ids and len(early) == 9
+    assert len(trials) == 3 * 12 and early <= grid_ids and len(early) == 9
     assert not {j.job_id for j in trials if j.args["trial_seed"] >= 3} & grid_ids
