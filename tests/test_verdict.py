@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import json
 import math
 
@@ -118,6 +120,22 @@ def test_collapsed_runs_are_counted_at_the_best_point():
     v = verdict_of(grid({1.0: DEFAULTS, 0.1: STRONG}, collapsed=[1, 0, 1, 0]))
     assert v.best.collapsed == 2
     assert "2 of 4 collapsed" in verdict_markdown([v])
+
+
+def test_a_gain_from_collapsed_runs_is_not_credited_but_a_refutation_stands():
+    # STRONG would be 'reproduced' (+3.2 points in every trial, claimed +0.98); one collapsed run withholds it
+    assert verdict_of(grid({1.0: DEFAULTS, 0.1: STRONG})).verdict == "reproduced"
+    v = verdict_of(grid({1.0: DEFAULTS, 0.1: STRONG}, collapsed=[0, 0, 1, 0]))
+    assert (v.verdict, v.reason) == ("gain from collapsed runs", "1 of 4 of the best point's selected runs are at "
+                                                                 "chance on their own training environments")
+    assert "gain from collapsed runs (1 of 4 of the best point's" in verdict_markdown([v])
+    # a claim refuted with collapsed runs at the best point is refuted still: collapse only inflates a gain
+    weak = dataclasses.replace(CLAIM, method_mean=CLAIM.base_mean + 10)
+    small = [0.01, -0.005, 0.008, 0.0]  # a small, not significant gain whose interval lies below +10
+    v = judge(weak, grid({1.0: DEFAULTS, 0.1: small, 0.3: WEAK}, collapsed=[1, 1, 1, 1]),
+              default_rows([weak], ["modreg_scale"]))
+    assert v.best.name.endswith("(modreg_scale=0.1)") and v.best.mean > 0 and v.best.collapsed == 4
+    assert v.verdict == "refuted"
 
 
 def test_markdown_and_csv_show_the_paper_and_ours():

@@ -58,6 +58,7 @@ REFUTED = "refuted"
 INCONCLUSIVE = "inconclusive"
 OPEN = "open"
 UNTESTABLE = "untestable here"
+COLLAPSED_GAIN = "gain from collapsed runs"
 
 RULE = (f"Verdicts: '{REPRODUCED}' when some point's gain over the base is positive with a Holm-adjusted p below "
         f"{ALPHA:g} (over every point tried) and the best point's {LEVEL:.0%} interval reaches the claimed gain; "
@@ -66,7 +67,10 @@ RULE = (f"Verdicts: '{REPRODUCED}' when some point's gain over the base is posit
         f"'{INCONCLUSIVE}' when no point gains significantly and the interval still reaches the claimed gain. "
         f"'{REFUTED}' and '{SMALLER}' need both the defaults and at least one other grid point tried, else the "
         f"verdict is '{OPEN}', as it is while the base or the method has not been run; '{UNTESTABLE}' when the "
-        f"claim's dataset is not one domaingen has. The best point is chosen on test accuracy, the choice most favourable to the method.")
+        f"claim's dataset is not one domaingen has; '{COLLAPSED_GAIN}' in place of '{REPRODUCED}', '{SMALLER}' or "
+        f"'{INCONCLUSIVE}' when the best point gains and any of its selected runs collapsed (a network at chance "
+        f"on its own training environments is not credited with a held-out score). The best point is chosen on "
+        f"test accuracy, the choice most favourable to the method.")
 
 
 @dataclass(frozen=True)
@@ -290,6 +294,11 @@ def judge(claim: Claim, collection: Collection, defaults: Mapping[str, str] | No
         verdict.verdict = REPRODUCED if reaches else SMALLER
     else:
         verdict.verdict = INCONCLUSIVE if reaches else REFUTED
+    if verdict.verdict in (REPRODUCED, SMALLER, INCONCLUSIVE) and best.mean > 0 and best.collapsed:
+        verdict.reason = (f"{best.collapsed} of {best.n} of the best point's selected runs are at chance on their own "
+                          f"training environments")
+        verdict.verdict = COLLAPSED_GAIN
+        return verdict
     if verdict.verdict in (REFUTED, SMALLER) and (default is None or len(points) < 2):
         verdict.reason = (f"would be '{verdict.verdict}', but " +
                           ("the defaults were not run" if default is None else "no grid point beside the defaults was run"))
