@@ -92,6 +92,24 @@ def test_fields_are_read_at_the_selected_checkpoint(collection):
     assert csv["values"].iloc[0] == "0.4;0.3"
     with pytest.raises(DomaingenError, match="no recorded field matches nothing_like_this"):
         field_tables(tables, collection.records, ["nothing_like_this"])
+    # each glob must match: a misspelt one beside a good one is named, not dropped
+    with pytest.raises(DomaingenError, match="no recorded field matches kept_fraction "):
+        field_tables(tables, collection.records, ["modreg_kept_fraction", "kept_fraction"])
+
+
+def test_the_selected_step_is_a_field():
+    late = records()  # training-domain validation picks step 1 (the validation accuracies rise)
+    early = records()
+    early.loc[early["step"] == 0, ["env1_out_acc", "env2_out_acc"]] = 0.99  # now it picks step 0
+    for recs, step, kept in [(late, 1, {0: 0.4, 1: 0.3}), (early, 0, {0: 0.9, 1: 0.8})]:
+        collection = Collection(recs)
+        [fields] = field_tables(build_tables(collection, ["training"]), collection.records,
+                                ["step", "modreg_kept_fraction"])
+        assert fields.columns == ["step", "modreg_kept_fraction"]
+        assert list(fields.rows) == ["ERM", "ERM+ModReg"]  # every run has a step, only ModReg's a mask
+        assert fields.rows["ERM"][0].values == [step] * 3 and fields.rows["ERM"][1].missing
+        assert fields.rows["ERM+ModReg"][0].values == [step] * 2
+        assert fields.rows["ERM+ModReg"][1].values == pytest.approx([kept[0], kept[1]])
 
 
 def write_sweep(root, test: dict[str, list[float]] = TEST, **extra_args):

@@ -134,7 +134,7 @@ def _tables_arguments(p: argparse.ArgumentParser) -> None:
                         "trial_seed; 'draws', every run of every hparams draw at the checkpoint the selection rule "
                         "picks within it, by (hparams_seed, trial_seed) (protocol paired only)")
     _add_fields(p, False, "also tabulate record fields matching these globs (e.g. 'modreg_*_kept_fraction') at "
-                          "each trial's selected checkpoint, mean ± error over trials")
+                          "each trial's selected checkpoint, mean ± error over trials ('step': the step selected)")
     for flag in MOVED:
         p.add_argument(flag, nargs="*", action=_Moved, help=argparse.SUPPRESS)
 

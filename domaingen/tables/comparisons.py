@@ -233,12 +233,21 @@ def matching_fields(records: pd.DataFrame, patterns: Sequence[str], by_pattern: 
     return found
 
 
+# `--fields step`: the step of the checkpoint the selection picked (not a record column once indexed)
+SELECTED_STEP = "step"
+
+
 def field_tables(tables: Sequence[Table], records: pd.DataFrame, patterns: Sequence[str]) -> list[Table]:
     """Per test table: rows = algorithms that record a matched field, columns = the matched fields
     (`field @ env` when several environments were held out), cells = the field's value in each
-    trial's selected record. Raises DomaingenError when no record field matches."""
-    fields = matching_fields(records, patterns)
+    trial's selected record; the pattern `step` is the selected checkpoint's step. Raises
+    DomaingenError naming a pattern that matches no recorded field."""
+    fields: list[str] = []
+    for pattern in patterns:
+        found = [SELECTED_STEP] if pattern == SELECTED_STEP else matching_fields(records, [pattern])
+        fields += [f for f in found if f not in fields]
     indexed = records.drop_duplicates(["run", "step"], keep="last").set_index(["run", "step"])
+    indexed[SELECTED_STEP] = indexed.index.get_level_values("step")
     out = []
     for table in _test_tables(tables):
         envs = _env_columns(table)
