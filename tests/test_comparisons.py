@@ -15,7 +15,7 @@ from domaingen.tables.collect import Collection
 from domaingen.tables.comparisons import (argument_differences, default_pairs, field_tables, paired_tables, parse_pairs,
                                    versus_tables)
 from domaingen.errors import DomaingenError
-from domaingen.tables.reporting import build_tables, to_csv, to_markdown
+from domaingen.tables.reporting import Cell, build_tables, to_csv, to_markdown
 from domaingen.run.rundir import to_json
 from test_selection import rec
 
@@ -110,6 +110,15 @@ def test_the_selected_step_is_a_field():
         assert fields.rows["ERM"][0].values == [step] * 3 and fields.rows["ERM"][1].missing
         assert fields.rows["ERM+ModReg"][0].values == [step] * 2
         assert fields.rows["ERM+ModReg"][1].values == pytest.approx([kept[0], kept[1]])
+
+
+def test_large_fields_print_as_whole_numbers():
+    steps = [4300.0, 4400.0, 3900.0]
+    se = np.std(steps, ddof=1) / np.sqrt(3)  # 152.75...
+    assert Cell(steps, percent=False).text(error="se") == f"4200 ± {round(se)}"
+    assert Cell([4300.0, 4300.0], percent=False).text(error="se") == "4300 ± 0"
+    assert Cell([0.35, 0.3], percent=False).text(error="se").startswith("0.325 ± ")
+    assert Cell([2.5e6], percent=False).text() == "2.5e+06"
 
 
 def write_sweep(root, test: dict[str, list[float]] = TEST, **extra_args):

@@ -92,10 +92,13 @@ class Cell:
         return (sum(t.get("step") == 0 for t in self.trace), sum(bool(t.get("tied")) for t in self.trace))
 
     def number_texts(self, error: str = "domainbed") -> tuple[str, str]:
-        """The mean and the ± as printed ("" for no ±): x100 with one decimal, or 3 significant digits."""
+        """The mean and the ± as printed ("" for no ±): x100 with one decimal; 3 significant digits, or
+        whole numbers from 1000 to a million (a step, a count: 4325, not 4.33e+03)."""
         spread = self.spread(error) if self.shows_error() else math.nan
         if self.percent:
             return f"{100 * self.mean:.1f}", "" if math.isnan(spread) else f"{100 * spread:.1f}"
+        if 1e3 <= abs(self.mean) < 1e6:
+            return f"{self.mean:.0f}", "" if math.isnan(spread) else f"{spread:.0f}" if spread >= 1 else f"{spread:.2g}"
         return f"{self.mean:.3g}", "" if math.isnan(spread) else f"{spread:.2g}"
 
     @property
