@@ -98,7 +98,7 @@ class Cell:
         if self.percent:
             return f"{100 * self.mean:.1f}", "" if math.isnan(spread) else f"{100 * spread:.1f}"
         if 1e3 <= abs(self.mean) < 1e6:
-            return f"{self.mean:.0f}", "" if math.isnan(spread) else f"{spread:.0f}" if spread >= 1 else f"{spread:.2g}"
+            return f"{self.mean:.0f}", "" if math.isnan(spread) else f"{spread:.0f}"
         return f"{self.mean:.3g}", "" if math.isnan(spread) else f"{spread:.2g}"
 
     @property
