@@ -119,6 +119,8 @@ def test_large_fields_print_as_whole_numbers():
     assert Cell([5000.0] * 24, percent=False).text(error="se") == "5000 ± 0"  # not ± 1.1e-13, float noise
     assert Cell([0.35, 0.3], percent=False).text(error="se").startswith("0.325 ± ")
     assert Cell([2.5e6], percent=False).text() == "2.5e+06"
+    kept = [1.0, 1.0, 0.9999999999999999] * 4  # their standard error is 5.6e-17: float noise, printed as 0
+    assert 0 < np.std(kept) < 1e-15 and Cell(kept, percent=False).text(error="se") == "1 ± 0"
 
 
 def write_sweep(root, test: dict[str, list[float]] = TEST, **extra_args):

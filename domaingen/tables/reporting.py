@@ -95,6 +95,8 @@ class Cell:
         """The mean and the ± as printed ("" for no ±): x100 with one decimal; 3 significant digits, or
         whole numbers from 1000 to a million (a step, a count: 4325, not 4.33e+03)."""
         spread = self.spread(error) if self.shows_error() else math.nan
+        if spread < 1e-9 * abs(self.mean):  # equal values' float noise (1 ± 5.6e-17) is no spread
+            spread = 0.0
         if self.percent:
             return f"{100 * self.mean:.1f}", "" if math.isnan(spread) else f"{100 * spread:.1f}"
         if 1e3 <= abs(self.mean) < 1e6:
