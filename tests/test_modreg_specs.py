@@ -32,12 +32,14 @@ def _points(jobs, algorithm: str, **fixed) -> dict[tuple[float, float], set[int]
 @pytest.mark.parametrize("name, bases, trials, n_jobs", [
     ("modreg_grid_irm.toml", ["ERM", "IRM"], 10, (2 + 15 + 2 * 15) * 10),  # IRM+ModReg rescaled and not
     ("modreg_grid_rmnist.toml", ["ERM"], 3, (1 + 15) * 3),
+    ("modreg_grid_rmnist_irm.toml", ["IRM"], 3, (1 + 15) * 3),  # DomainBed's IRM: nothing to rescale
 ])
 def test_grid_spec_covers_every_point_paired_with_its_base(name, bases, trials, n_jobs):
     jobs = _jobs(name)
     grid = set(itertools.product(SCALES, MASK_LRS))
+    rescaling = name == "modreg_grid_irm.toml"
     for base in bases:
-        fixed = {"modreg_rescaled": True} if base == "IRM" else {}
+        fixed = {"modreg_rescaled": True} if base == "IRM" and rescaling else {}
         assert _points(jobs, f"{base}+ModReg", **fixed) == {p: set(range(trials)) for p in grid}
         runs = [j.args for j in jobs if j.args["algorithm"] in (base, f"{base}+ModReg")]
         # X and X+ModReg of trial t: the same training seed, every other hyperparameter X's own
@@ -49,7 +51,7 @@ def test_grid_spec_covers_every_point_paired_with_its_base(name, bases, trials, 
             assert {k: v for k, v in a["hparams"].items() if not k.startswith("modreg_")} == base_hp
             assert a["hparams"].get("modreg_alpha", 6.93e-9) == 6.93e-9
             assert a["hparams"].get("modreg_beta", 1.12e-4) == 1.12e-4
-    if "IRM" in bases:
+    if rescaling:
         assert _points(jobs, "IRM+ModReg", modreg_rescaled=False) == {p: set(range(trials)) for p in grid}
     assert len(jobs) == n_jobs
 
@@ -62,8 +64,9 @@ def test_irm_grid_is_the_irm_papers_protocol():
             assert a["hparams"]["penalty_schedule"] == "irm_paper" and a["hparams"]["irm_lambda"] == pytest.approx(91257.186)
 
 
-def test_rmnist_grid_runs_domainbeds_mlp_at_full_length():
-    for job in _jobs("modreg_grid_rmnist.toml"):
+@pytest.mark.parametrize("name", ["modreg_grid_rmnist.toml", "modreg_grid_rmnist_irm.toml"])
+def test_rmnist_grid_runs_domainbeds_mlp_at_full_length(name):
+    for job in _jobs(name):
         a = job.args
         assert (a["dataset"], a["test_envs"], a["steps"], a["hparams"]["featurizer"]) == ("RotatedMNIST", [0], 5001, "MLP")
 
@@ -77,7 +80,7 @@ def test_pi_and_trials_specs_extend_the_grid_at_its_points():
     grid_ids = {j.job_id for j in grid}
     trials = _jobs("modreg_grid_rmnist_trials.toml")
     pi = _jobs("modreg_pi_rmnist.toml")
-    assert {j.args["hparams"]["modreg_pi"] for j in pi} == {"logit"} and len(pi) == 12
+    assert {j.args["hparams"]["modreg_pi"] for j in pi} == {"logit"} and len(pi) == 24
     point = {k: v for k, v in pi[0].args["hparams"].items() if k != "modreg_pi"}
     twins = [j for j in grid if j.args["hparams"] == point]
     assert len(twins) == 3 and not {j.job_id for j in pi} & grid_ids
@@ -90,5 +93,24 @@ def test_pi_and_trials_specs_extend_the_grid_at_its_points():
         assert {k: v for k, v in a.items() if k not in ("algorithm", "hparams")} == \
             {k: v for k, v in erm.items() if k not in ("algorithm", "hparams")}
     early = {j.job_id for j in trials if j.args["trial_seed"] < 3}
+    assert len(trials) == 3 * 24 and early <= grid_ids and len(early) == 9
+    assert not {j.job_id for j in trials if j.args["trial_seed"] >= 3} & grid_ids
+
+
+def test_irm_trials_spec_extends_the_rmnist_irm_grid():
+    """IRM, the defaults and the best point to twelve trials: the first three trials are the grid's own
+    jobs (launched into its directory only trials 3-11 run), and every IRM+ModReg run of trial t shares
+    IRM's training seed and arguments."""
+    grid_ids = {j.job_id for j in _jobs("modreg_grid_rmnist_irm.toml")}
+    trials = _jobs("modreg_grid_rmnist_irm_trials.toml")
+    assert _points(trials, "IRM+ModReg") == {(0.1, 1e-3): set(range(12)), (0.1, 1e-2): set(range(12))}
+    early = {j.job_id for j in trials if j.args["trial_seed"] < 3}
     assert len(trials) == 3 * 12 and early <= grid_ids and len(early) == 9
     assert not {j.job_id for j in trials if j.args["trial_seed"] >= 3} & grid_ids
+    irm = {j.args["trial_seed"]: j.args for j in trials if j.args["algorithm"] == "IRM"}
+    for job in trials:
+        a, base = job.args, irm[job.args["trial_seed"]]
+        assert run_seed(a["dataset"], a["algorithm"], a["test_envs"], a["hparams_seed"], a["trial_seed"]) == \
+            run_seed(base["dataset"], "IRM", base["test_envs"], 0, a["trial_seed"])
+        assert {k: v for k, v in a.items() if k not in ("algorithm", "hparams")} == \
+            {k: v for k, v in base.items() if k not in ("algorithm", "hparams")}
