@@ -98,14 +98,17 @@ def test_pi_and_trials_specs_extend_the_grid_at_its_points():
 
 
 def test_irm_trials_spec_extends_the_rmnist_irm_grid():
-    """IRM, the defaults and the best point to twelve trials: the first three trials are the grid's own
-    jobs (launched into its directory only trials 3-11 run), and every IRM+ModReg run of trial t shares
-    IRM's training seed and arguments."""
-    grid_ids = {j.job_id for j in _jobs("modreg_grid_rmnist_irm.toml")}
+    """IRM and all fifteen grid points to twelve trials: the first three trials are the grid's own jobs
+    (launched into its directory only trials 3-11 run), and every IRM+ModReg run of trial t shares IRM's
+    training seed and arguments."""
+    grid = _jobs("modreg_grid_rmnist_irm.toml")
+    grid_ids = {j.job_id for j in grid}
     trials = _jobs("modreg_grid_rmnist_irm_trials.toml")
-    assert _points(trials, "IRM+ModReg") == {(0.1, 1e-3): set(range(12)), (0.1, 1e-2): set(range(12))}
+    grid_points = set(_points(grid, "IRM+ModReg"))
+    assert len(grid_points) == 15
+    assert _points(trials, "IRM+ModReg") == {point: set(range(12)) for point in grid_points}
     early = {j.job_id for j in trials if j.args["trial_seed"] < 3}
-    assert len(trials) == 3 * 12 and early <= grid_ids and len(early) == 9
+    assert len(trials) == 16 * 12 and early == grid_ids
     assert not {j.job_id for j in trials if j.args["trial_seed"] >= 3} & grid_ids
     irm = {j.args["trial_seed"]: j.args for j in trials if j.args["algorithm"] == "IRM"}
     for job in trials:
