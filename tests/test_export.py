@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 import shutil
+import tarfile
 import zipfile
 from pathlib import Path
 
@@ -69,6 +70,14 @@ def test_a_bundle_reprints_the_tables_and_evaluates_after_the_sweep_is_deleted(s
         names = zf.namelist()
         info = json.loads(zf.read("b/bundle.json"))
         zf.extractall(tmp_path / "unpacked")
+    # the unzipped folder collects the same with its records still packed, then unpacked as its README says
+    code, packed, _ = run(capsys, "collect", "--input_dir", str(tmp_path / "unpacked" / "b"))
+    assert code == 0 and tables_part(packed) == tables_part(markdown)
+    assert "tar -xJf b/records.tar.xz -C b" in (tmp_path / "unpacked" / "b" / "README.md").read_text()
+    with tarfile.open(tmp_path / "unpacked" / "b" / "records.tar.xz") as tar:
+        records = tar.getnames()
+        tar.extractall(tmp_path / "unpacked" / "b", filter="data")
+    assert info["format"] == 2 and "sweep.json" in records
     selected = {r for runs in cells["runs"].dropna() for r in str(runs).split(";")}
     assert selected <= set(info["bundled"]) and len(info["bundled"]) < 12
     # leave-one-domain-out's cells come with the pair runs {t, v} of the draw each chose
@@ -83,8 +92,9 @@ def test_a_bundle_reprints_the_tables_and_evaluates_after_the_sweep_is_deleted(s
             assert v["chosen_by"] == {"loo": -1}
             bundled_pairs.add((args["hparams_seed"], tuple(args["test_envs"])))
     assert bundled_pairs == wanted
-    assert all(f"b/runs/{r}/selected.pt" in names and f"b/runs/{r}/manifest.json" in names for r in selected)
-    assert {"b/README.md", "b/tables.md", "b/sweep.json"} <= set(names)
+    assert all(f"b/runs/{r}/selected.pt" in names and f"runs/{r}/manifest.json" in records for r in selected)
+    assert {"b/README.md", "b/tables.md", "b/records.tar.xz"} <= set(names)
+    assert not [n for n in names if n.endswith(".jsonl")] and not [r for r in records if r.endswith(".pt")]
     assert tables_part((tmp_path / "unpacked" / "b" / "tables.md").read_text()) == tables_part(markdown)
     # the unpacked folder collects the same, and a run in it evaluates to its record
     code, unpacked, _ = run(capsys, "collect", "--input_dir", str(tmp_path / "unpacked" / "b"))
@@ -123,6 +133,14 @@ def test_export_of_a_directory_without_finished_runs_writes_nothing(tmp_path, ca
 def small_bundle(sweep, tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("bundle") / "s.zip"
     assert main(["-q", "export", "--input_dir", str(sweep), "--output", str(out), "--selection", "training",
+                 "--no_weights", "--records", "files"]) == 0
+    return out
+
+
+@pytest.fixture(scope="module")
+def solid_bundle(sweep, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("solid") / "s.zip"
+    assert main(["-q", "export", "--input_dir", str(sweep), "--output", str(out), "--selection", "training",
                  "--no_weights"]) == 0
     return out
 
@@ -142,6 +160,7 @@ def _flip_a_byte(path: Path, target: Path) -> None:
     ("no bundle.json", "no bundle.json in a top folder"),
 ])
 def test_a_damaged_bundle_is_refused_in_one_line_and_nothing_is_written(small_bundle, tmp_path, capsys, damage, why):
+    """Format 1 (--records files): every file its own zip member."""
     bad = tmp_path / "bad.zip"
     if damage == "not a zip":
         bad.write_text("hello")
@@ -166,3 +185,75 @@ def test_a_damaged_bundle_is_refused_in_one_line_and_nothing_is_written(small_bu
     assert err.startswith(f"domaingen: error: {bad} is not a usable domaingen bundle (") and why in err
     assert err.strip().endswith("export it again with domaingen export")
     assert sorted(p for p in tmp_path.rglob("*")) == before
+
+
+def _refused(capsys, tmp_path: Path, bad: Path, why: str) -> None:
+    before = sorted(p for p in tmp_path.rglob("*"))
+    code, out, err = run(capsys, "collect", "--input_dir", str(bad), "--output", str(tmp_path / "t.md"))
+    assert code == 2 and out == "" and len(err.strip().splitlines()) == 1
+    assert err.startswith(f"domaingen: error: {bad} is not a usable domaingen bundle (") and why in err, err
+    assert err.strip().endswith("export it again with domaingen export")
+    assert sorted(p for p in tmp_path.rglob("*")) == before
+
+
+@pytest.mark.parametrize("damage, why", [
+    ("flipped byte in the zip", "(damaged: "),
+    ("truncated records", "(damaged: records.tar.xz: "),
+    ("edited file", "does not match its checksum"),
+    ("a record left out", "is missing"),
+])
+def test_a_damaged_solid_bundle_is_refused_in_one_line(solid_bundle, tmp_path, capsys, damage, why):
+    """Format 2: the records in one records.tar.xz, damaged in the zip, in an unzipped folder, or once unpacked."""
+    if damage == "flipped byte in the zip":
+        data = bytearray(solid_bundle.read_bytes())
+        with zipfile.ZipFile(solid_bundle) as zf:
+            member = zf.getinfo("s/records.tar.xz")
+        data[member.header_offset + 30 + len(member.filename) + len(member.extra) + member.compress_size // 2] ^= 0xFF
+        bad = tmp_path / "bad.zip"
+        bad.write_bytes(bytes(data))
+    else:
+        with zipfile.ZipFile(solid_bundle) as zf:
+            zf.extractall(tmp_path / "unpacked")
+        bad = tmp_path / "unpacked" / "s"
+        packed = bad / "records.tar.xz"
+        if damage == "truncated records":
+            packed.write_bytes(packed.read_bytes()[: packed.stat().st_size // 2])
+        elif damage == "edited file":
+            with tarfile.open(packed) as tar:
+                tar.extractall(bad, filter="data")
+            first = next((bad / "runs").iterdir()) / "results.jsonl"
+            first.write_text(first.read_text().replace('"step": 2', '"step": 2 '))
+        else:
+            with tarfile.open(packed) as tar:
+                kept = [m for m in tar.getmembers() if not m.name.endswith("/log.txt")]
+                files = {m.name: tar.extractfile(m).read() for m in kept}
+            with tarfile.open(packed, "w:xz") as tar:
+                for m in kept:
+                    tar.addfile(m, io.BytesIO(files[m.name]))
+    _refused(capsys, tmp_path, bad, why)
+
+
+def test_both_record_layouts_collect_alike_and_solid_is_smaller(small_bundle, solid_bundle, capsys):
+    code, files_text, _ = run(capsys, "collect", "--input_dir", str(small_bundle), "--format", "csv")
+    code, solid_text, _ = run(capsys, "collect", "--input_dir", str(solid_bundle), "--format", "csv")
+    assert code == 0 and solid_text == files_text
+    with zipfile.ZipFile(small_bundle) as files, zipfile.ZipFile(solid_bundle) as solid:
+        assert json.loads(files.read("s/bundle.json"))["format"] == 1
+        info = json.loads(solid.read("s/bundle.json"))
+        # the same files, with the same checksums (the README says how to unpack): only the layout differs
+        files_sums = json.loads(files.read("s/bundle.json"))["files"]
+        assert info["format"] == 2 and info["files"].pop("README.md") != files_sums.pop("README.md")
+        assert info["files"] == files_sums
+        with tarfile.open(fileobj=solid.open("s/records.tar.xz"), mode="r|xz") as tar:
+            for member in tar:
+                data = tar.extractfile(member).read()
+                assert member.uname == "" and member.uid == 0
+                assert data == files.read(f"s/{member.name}")
+    assert solid_bundle.stat().st_size < small_bundle.stat().st_size
+
+
+def test_an_unknown_records_layout_is_refused_in_one_line(sweep, tmp_path, capsys):
+    code, _, err = run(capsys, "export", "--input_dir", str(sweep), "--output", str(tmp_path / "x.zip"),
+                       "--records", "tar")
+    assert code == 2 and not (tmp_path / "x.zip").exists() and len(err.strip().splitlines()) == 1
+    assert err.strip().endswith("argument --records: invalid choice: 'tar' (choose from 'solid', 'files')")

@@ -155,6 +155,9 @@ def _add_export_parser(sub: argparse._SubParsersAction) -> None:
                    help="the methods whose selected runs to bundle, as for collect; " + selection_methods_help())
     p.add_argument("--hparams_choice", default="per_trial", help="as for collect")
     p.add_argument("--no_weights", action="store_true", help="leave the .pt files out (records only)")
+    p.add_argument("--records", choices=["solid", "files"], default="solid",
+                   help="solid (default): every file but the weights compressed together into records.tar.xz, "
+                        "about half the size; files: each file its own zip member")
     p.add_argument("--datasets", nargs="+", metavar="DATASET", help="only these datasets' runs")
     p.add_argument("--allow_mixed_sources", action="store_true", help="as for collect")
     p.add_argument("--backs", nargs="+", default=[], metavar="PATH",

@@ -313,7 +313,8 @@ def export_command(ns: argparse.Namespace) -> int:
     methods = _methods(collection, ns.selection, None)
     text = to_markdown(build_tables(collection, methods, ns.hparams_choice), collection)
     info = export_bundle(ns.input_dir, ns.output, collection, methods, ns.hparams_choice, text,
-                         weights=not ns.no_weights, backs=ns.backs, all_runs=ns.all_runs)
+                         weights=not ns.no_weights, backs=ns.backs, all_runs=ns.all_runs,
+                         records=ns.records)
     size = Path(ns.output).stat().st_size / 2**20
     print(f"wrote {ns.output}: {len(info['bundled'])} of {info['done_runs']} done runs, selected by "
           f"{', '.join(methods)}{'' if info['weights'] else ', without weights'} ({size:.1f} MB)")

@@ -8,11 +8,16 @@ writes one zip, everything under a folder named after the file:
                     failed and incomplete runs, and a SHA-256 of every file
     README.md       how to collect and evaluate from it
     tables.md       the tables, as `collect` printed them from the sweep
-    sweep.json      the sweep's spec, when it has one
-    runs/RUN/       args.json, manifest.json, results.jsonl, log.txt, done, diagnostics.json
-                    (evaluate's and diagnose's measurements, where the run has them), and the weights:
-                    selected.pt (the checkpoint training-domain validation chose) and, for a
-                    run whose chosen checkpoint is its last one (oracle, last), checkpoint.pt
+    records.tar.xz  the records, one LZMA stream (format 2, the default: `--records solid`):
+                    sweep.json, the sweep's spec when it has one, and each run's
+                    runs/RUN/ args.json, manifest.json, results.jsonl, log.txt, done,
+                    diagnostics.json (evaluate's and diagnose's measurements, where the run has them)
+    runs/RUN/       the weights: selected.pt (the checkpoint training-domain validation chose) and,
+                    for a run whose chosen checkpoint is its last one (oracle, last), checkpoint.pt
+
+Runs repeat their keys and arguments in every record, so compressing the records together
+takes about half the space of compressing each file alone. `--records files` writes format 1
+instead, every file its own zip member (browsable in any zip tool); both read back alike.
 
 The runs are those the tables' selection chose, per method, dataset, algorithm, test
 environment and trial, plus, for leave-one-domain-out, the pair runs that validated them.
@@ -28,16 +33,19 @@ records which committed files the records back (`domaingen check-results`). A bu
 from __future__ import annotations
 
 import hashlib
+import io
 import json
+import lzma
 import os
 import shutil
+import tarfile
 import tempfile
 import zipfile
 import zlib
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import IO, Any, Iterator, Sequence
 
 import pandas as pd
 
@@ -50,7 +58,9 @@ from domaingen.tables.selection import select, selection_method, training_domain
 from domaingen.tables.wilds_selection import wilds_select
 
 BUNDLE_FILE = "bundle.json"
-FORMAT = 1
+RECORDS = "records.tar.xz"
+# bundle.json's "format": how the records are laid out in the zip
+FORMATS = {"files": 1, "solid": 2}
 DIAGNOSTICS = "diagnostics.json"
 RUN_FILES = (ARGS, MANIFEST, RESULTS, FINAL, LOG, DONE, DIAGNOSTICS)
 RUNS = "runs"
@@ -71,7 +81,7 @@ where the dataset lives on your machine, when not where the run was trained):
 
     domaingen evaluate {name}/runs/RUN [--data_dir DIR] [--checkpoint selected|last]
 
-`selected.pt` holds the weights at the checkpoint training-domain validation chose;
+{records_note}`selected.pt` holds the weights at the checkpoint training-domain validation chose;
 `checkpoint.pt`, kept for runs whose chosen checkpoint is their last one (oracle, last),
 the last checkpoint. bundle.json lists, per run, the methods that chose it, the step each
 chose, and the SHA-256 of every file.
@@ -139,18 +149,45 @@ def _runs_table(collection: Collection) -> list[dict[str, Any]]:
     return rows
 
 
+RECORDS_NOTE = """The records (arguments, manifests, results, logs) are in `records.tar.xz`, compressed
+together; unpack them beside the weights before evaluating a run from the folder:
+
+    tar -xJf {name}/records.tar.xz -C {name}
+
+"""
+
+
+def _solid_records(members: dict[str, Path]) -> bytes:
+    """A tar.xz of `members` (arc name -> file), one LZMA stream at xz's strongest preset: the
+    records of many runs share their keys and arguments. Owners are left out; times are kept."""
+    def anonymous(info: tarfile.TarInfo) -> tarfile.TarInfo:
+        info.uid = info.gid = 0
+        info.uname = info.gname = ""
+        return info
+
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w:xz", preset=9 | lzma.PRESET_EXTREME) as tar:
+        for arc, path in sorted(members.items()):
+            tar.add(path, arcname=arc, recursive=False, filter=anonymous)
+    return buffer.getvalue()
+
+
 def export_bundle(input_dir: str | os.PathLike, output: str | os.PathLike, collection: Collection,
                   methods: Sequence[str], hparams_choice: str, tables_text: str, weights: bool = True,
-                  backs: Sequence[str] = (), all_runs: bool = False) -> dict[str, Any]:
+                  backs: Sequence[str] = (), all_runs: bool = False, records: str = "solid") -> dict[str, Any]:
     """Write the bundle of what `collection`'s tables selected to `output` (a .zip); returns its bundle.json.
 
     `backs` names the files (under results/) whose records these are; `all_runs` bundles every
     run directory's records, the runs no table selected and the incomplete ones included.
+    `records`: "solid" (format 2) compresses every file but the weights together into records.tar.xz;
+    "files" (format 1) zips each file on its own.
     The zip is written through a temporary file and a rename: a failure leaves nothing behind.
     """
     source, output = Path(input_dir), Path(output)
     if output.suffix != ".zip":
         raise DomaingenError(f"--output {output}: name a .zip file")
+    if records not in FORMATS:
+        raise DomaingenError(f"--records {records}: choose {' or '.join(FORMATS)}")
     chosen = chosen_runs(collection, methods, hparams_choice)
     if not chosen:
         raise DomaingenError(f"the tables of {source} selected no run with {', '.join(methods)}; "
@@ -179,7 +216,7 @@ def export_bundle(input_dir: str | os.PathLike, output: str | os.PathLike, colle
     if (source / "sweep.json").exists():
         members["sweep.json"] = source / "sweep.json"
     info = {
-        "format": FORMAT,
+        "format": FORMATS[records],
         "domaingen": domaingen.__version__,
         "source": source.resolve().name,
         "selection": list(methods),
@@ -198,7 +235,8 @@ def export_bundle(input_dir: str | os.PathLike, output: str | os.PathLike, colle
         "README.md": README.format(
             name=name, source=info["source"], methods=", ".join(methods), choice=hparams_choice.replace("_", " "),
             n_runs=len(chosen), done_runs=info["done_runs"],
-            weights_note=", and their selected weights" if weights else " (no weights: exported with --no_weights)"),
+            weights_note=", and their selected weights" if weights else " (no weights: exported with --no_weights)",
+            records_note=RECORDS_NOTE.format(name=name) if records == "solid" else ""),
     }
     info["files"] = {arc: _sha256(path) for arc, path in members.items()}
     info["files"].update({arc: hashlib.sha256(text.encode()).hexdigest() for arc, text in texts.items()})
@@ -210,7 +248,12 @@ def export_bundle(input_dir: str | os.PathLike, output: str | os.PathLike, colle
             zf.writestr(f"{name}/{BUNDLE_FILE}", json.dumps(info, indent=2, sort_keys=True) + "\n")
             for arc, text in texts.items():
                 zf.writestr(f"{name}/{arc}", text)
-            for arc, path in sorted(members.items()):
+            plain = members
+            if records == "solid":
+                plain = {arc: path for arc, path in members.items() if path.suffix == ".pt"}
+                solid = {arc: path for arc, path in members.items() if arc not in plain}
+                zf.writestr(f"{name}/{RECORDS}", _solid_records(solid), compress_type=zipfile.ZIP_STORED)
+            for arc, path in sorted(plain.items()):
                 zf.write(path, f"{name}/{arc}")
         os.replace(tmp, output)
     except BaseException:
@@ -237,9 +280,43 @@ def _read_info(path: Path, text: bytes | str) -> dict[str, Any]:
         info = json.loads(text)
     except (json.JSONDecodeError, UnicodeDecodeError):
         raise _damaged(path, f"{BUNDLE_FILE} is not valid JSON") from None
-    if not isinstance(info, dict) or info.get("format") != FORMAT or not isinstance(info.get("files"), dict):
+    if (not isinstance(info, dict) or info.get("format") not in FORMATS.values()
+            or not isinstance(info.get("files"), dict)):
         raise _damaged(path, f"{BUNDLE_FILE} is not one domaingen {domaingen.__version__} writes")
     return info
+
+
+def _small_files(info: dict[str, Any], path: Path) -> dict[str, str]:
+    """arc -> SHA-256 of every file but the weights, refusing a name that points outside the bundle."""
+    wanted = {}
+    for arc, digest in info["files"].items():
+        if Path(arc).suffix == ".pt":
+            continue
+        if Path(arc).is_absolute() or ".." in Path(arc).parts:
+            raise _damaged(path, f"{arc} points outside the bundle")
+        wanted[arc] = digest
+    return wanted
+
+
+def _write_checked(path: Path, arc: str, data: bytes, digest: str, into: Path) -> None:
+    if hashlib.sha256(data).hexdigest() != digest:
+        raise _damaged(path, f"{arc} does not match its checksum")
+    target = into / arc
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_bytes(data)
+
+
+def _extract_records(path: Path, records: IO[bytes], wanted: dict[str, str], into: Path) -> None:
+    """Check and extract the files of `wanted` (arc -> SHA-256) that records.tar.xz holds, read as a stream;
+    drops them from `wanted`."""
+    try:
+        with tarfile.open(fileobj=records, mode="r|xz") as tar:
+            for member in tar:
+                if member.isfile() and member.name in wanted:
+                    data = tar.extractfile(member).read()  # type: ignore[union-attr]
+                    _write_checked(path, member.name, data, wanted.pop(member.name), into)
+    except (tarfile.TarError, lzma.LZMAError, EOFError) as exc:
+        raise _damaged(path, f"damaged: {RECORDS}: {exc}") from None
 
 
 def _extract_small_files(path: Path, into: Path) -> tuple[dict[str, Any], Path]:
@@ -249,29 +326,25 @@ def _extract_small_files(path: Path, into: Path) -> tuple[dict[str, Any], Path]:
     except (zipfile.BadZipFile, OSError) as exc:
         raise _damaged(path, f"not a zip file: {exc}") from None
     with zf:
-        names = zf.namelist()
+        names = set(zf.namelist())
         infos = [n for n in names if n.endswith(f"/{BUNDLE_FILE}") and n.count("/") == 1]
         if len(infos) != 1:
             raise _damaged(path, f"no {BUNDLE_FILE} in a top folder")
         top = infos[0].split("/")[0]
         try:
             info = _read_info(path, zf.read(infos[0]))
-            for arc in info["files"]:
-                member = f"{top}/{arc}"
-                if member not in names:
-                    raise _damaged(path, f"{arc} is missing")
-                if Path(arc).suffix == ".pt":
-                    continue
-                if Path(arc).is_absolute() or ".." in Path(arc).parts:
-                    raise _damaged(path, f"{arc} points outside the bundle")
-                data = zf.read(member)
-                if hashlib.sha256(data).hexdigest() != info["files"][arc]:
-                    raise _damaged(path, f"{arc} does not match its checksum")
-                target = into / arc
-                target.parent.mkdir(parents=True, exist_ok=True)
-                target.write_bytes(data)
+            wanted = _small_files(info, path)
+            for arc in [a for a in wanted if f"{top}/{a}" in names]:
+                _write_checked(path, arc, zf.read(f"{top}/{arc}"), wanted.pop(arc), into)
+            if wanted and info["format"] == FORMATS["solid"] and f"{top}/{RECORDS}" in names:
+                with zf.open(f"{top}/{RECORDS}") as records:
+                    _extract_records(path, records, wanted, into)
         except (zipfile.BadZipFile, zlib.error, EOFError) as exc:
             raise _damaged(path, f"damaged: {exc}") from None
+        missing = [a for a in info["files"] if Path(a).suffix != ".pt" and a in wanted]
+        missing += [a for a in info["files"] if Path(a).suffix == ".pt" and f"{top}/{a}" not in names]
+        if missing:
+            raise _damaged(path, f"{sorted(missing)[0]} is missing")
     return info, into
 
 
@@ -283,6 +356,24 @@ def _check_folder(path: Path) -> dict[str, Any]:
             raise _damaged(path, f"{arc} is missing")
         if file.suffix != ".pt" and _sha256(file) != digest:
             raise _damaged(path, f"{arc} does not match its checksum")
+    return info
+
+
+def _records_packed(path: Path) -> bool:
+    """An unpacked format-2 bundle whose records.tar.xz was not unpacked (no runs/RUN/args.json beside it)."""
+    return (path / RECORDS).is_file() and not any((path / RUNS).glob(f"*/{ARGS}"))
+
+
+def _extract_folder_records(path: Path, into: Path) -> dict[str, Any]:
+    """Check a folder's records.tar.xz (and its plain files) and extract all but the weights into `into`."""
+    info = _read_info(path, (path / BUNDLE_FILE).read_bytes())
+    wanted = _small_files(info, path)
+    for arc in [a for a in wanted if (path / a).is_file()]:
+        _write_checked(path, arc, (path / arc).read_bytes(), wanted.pop(arc), into)
+    with open(path / RECORDS, "rb") as records:
+        _extract_records(path, records, wanted, into)
+    if wanted:
+        raise _damaged(path, f"{sorted(wanted)[0]} is missing")
     return info
 
 
@@ -299,13 +390,16 @@ def open_bundle(path: str | os.PathLike) -> Iterator[Bundle]:
     """Check a bundle (zip or folder) and yield it; a zip's files other than weights are extracted
     into a temporary folder, removed afterwards. Raises DomaingenError for a damaged bundle."""
     path = Path(path)
-    if path.is_dir():
+    if path.is_dir() and not _records_packed(path):
         yield Bundle(_check_folder(path), path)
         return
     tmp = Path(tempfile.mkdtemp(prefix="domaingen-bundle-"))
     try:
-        info, root = _extract_small_files(path, tmp)
-        yield Bundle(info, root)
+        if path.is_dir():
+            yield Bundle(_extract_folder_records(path, tmp), tmp)
+        else:
+            info, root = _extract_small_files(path, tmp)
+            yield Bundle(info, root)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
