@@ -76,12 +76,12 @@ Reprint them from this bundle (the zip or this folder):
 
     domaingen collect --input_dir {name}.zip
 
-Reload a run's selected weights and evaluate every split again (`--data_dir` names
+{records_note}Reload a run's selected weights and evaluate every split again (`--data_dir` names
 where the dataset lives on your machine, when not where the run was trained):
 
     domaingen evaluate {name}/runs/RUN [--data_dir DIR] [--checkpoint selected|last]
 
-{records_note}`selected.pt` holds the weights at the checkpoint training-domain validation chose;
+`selected.pt` holds the weights at the checkpoint training-domain validation chose;
 `checkpoint.pt`, kept for runs whose chosen checkpoint is their last one (oracle, last),
 the last checkpoint. bundle.json lists, per run, the methods that chose it, the step each
 chose, and the SHA-256 of every file.
@@ -150,7 +150,7 @@ def _runs_table(collection: Collection) -> list[dict[str, Any]]:
 
 
 RECORDS_NOTE = """The records (arguments, manifests, results, logs) are in `records.tar.xz`, compressed
-together; unpack them beside the weights before evaluating a run from the folder:
+together; unpack them beside the weights to evaluate a run from the folder:
 
     tar -xJf {name}/records.tar.xz -C {name}
 
