@@ -341,8 +341,8 @@ def _extract_small_files(path: Path, into: Path) -> tuple[dict[str, Any], Path]:
                     _extract_records(path, records, wanted, into)
         except (zipfile.BadZipFile, zlib.error, EOFError) as exc:
             raise _damaged(path, f"damaged: {exc}") from None
-        missing = [a for a in info["files"] if Path(a).suffix != ".pt" and a in wanted]
-        missing += [a for a in info["files"] if Path(a).suffix == ".pt" and f"{top}/{a}" not in names]
+        # what `wanted` still holds was found neither as a zip member nor in records.tar.xz
+        missing = list(wanted) + [a for a in info["files"] if Path(a).suffix == ".pt" and f"{top}/{a}" not in names]
         if missing:
             raise _damaged(path, f"{sorted(missing)[0]} is missing")
     return info, into
