@@ -117,3 +117,25 @@ def test_irm_trials_spec_extends_the_rmnist_irm_grid():
             run_seed(base["dataset"], "IRM", base["test_envs"], 0, a["trial_seed"])
         assert {k: v for k, v in a.items() if k not in ("algorithm", "hparams")} == \
             {k: v for k, v in base.items() if k not in ("algorithm", "hparams")}
+
+
+def test_cnn_spec_pairs_each_base_with_the_defaults_and_its_grids_best_point():
+    """sweeps/modreg_cnn.toml: DomainBed's MNIST_CNN at full length, each base beside ModReg at the defaults
+    (scale 0.1, mask lr 1e-3) and at the best other point of the MLP grid on its dataset, trials 0-2 paired."""
+    jobs = _jobs("modreg_cnn.toml")
+    best = {("ColoredMNIST", "ERM"): (0.3, 1e-4), ("ColoredMNIST", "IRM"): (0.3, 1e-4),
+            ("RotatedMNIST", "ERM"): (0.3, 1e-3), ("RotatedMNIST", "IRM"): (0.03, 1e-2)}
+    for (dataset, base), point in best.items():
+        runs = [j.args for j in jobs if j.args["dataset"] == dataset and j.args["algorithm"] in (base, f"{base}+ModReg")]
+        assert _points([j for j in jobs if j.args["dataset"] == dataset], f"{base}+ModReg") == {
+            (0.1, 1e-3): {0, 1, 2}, point: {0, 1, 2}}
+        assert sorted(a["trial_seed"] for a in runs if a["algorithm"] == base) == [0, 1, 2]
+        assert {run_seed(a["dataset"], a["algorithm"], a["test_envs"], a["hparams_seed"], a["trial_seed"])
+                for a in runs if a["trial_seed"] == 1} == {run_seed(dataset, base, runs[0]["test_envs"], 0, 1)}
+        for a in runs:
+            assert (a["steps"], a["checkpoint_freq"], a["hparams"]["featurizer"], a["precision"]) == (
+                5001, 100, "MNIST_CNN", "fp32")
+            assert a["test_envs"] == ([2] if dataset == "ColoredMNIST" else [0])
+            assert a["hparams"].get("modreg_alpha", 6.93e-9) == 6.93e-9
+            assert a["hparams"].get("modreg_beta", 1.12e-4) == 1.12e-4
+    assert len(jobs) == 36
