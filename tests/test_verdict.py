@@ -330,3 +330,26 @@ def test_judge_sources_judges_each_claim_within_the_first_protocol_holding_its_d
     assert sorted(protocols["protocol"]) == ["domainbed", "paired"]
     first, _ = judge_sources([CLAIM], [("b", other), ("a", paired)], ["modreg_scale"])
     assert first[0].verdict != "reproduced"  # the DomainBed-protocol source comes first: its losses are judged
+
+
+def test_a_claim_is_judged_within_the_protocol_holding_its_featurizer():
+    """A paired CNN sweep and a DomainBed-protocol MLP sweep of one dataset: the MLP claim is judged on
+    the MLP sweep (as alone), though the CNN sweep comes first and holds the dataset."""
+    from domaingen.tables.verdict import judge_sources
+
+    def sweep(points: dict[float, list[float]], protocol: str, featurizer: str) -> Collection:
+        rows = run_records("ERM", BASE, {"featurizer": featurizer}, f"{protocol}-erm")
+        for scale, diffs in points.items():
+            rows += run_records("ERM+ModReg", [b + d for b, d in zip(BASE, diffs)],
+                                {"featurizer": featurizer, "modreg_scale": scale}, f"{protocol}-m{scale}")
+        return Collection(pd.DataFrame([{**row, "protocol": protocol} for row in rows]), protocol=protocol)
+
+    cnn = sweep({1.0: WEAK, 0.3: WEAK}, "paired", "MNIST_CNN")
+    mlp = sweep({1.0: DEFAULTS, 0.3: STRONG}, "domainbed", "MLP")
+    verdicts, _ = judge_sources([CLAIM], [("cnn", cnn), ("mlp", mlp)], ["modreg_scale"])
+    alone = verdict_of(grid({1.0: DEFAULTS, 0.3: STRONG}))
+    assert verdicts[0].verdict == alone.verdict == "reproduced"
+    assert [(p.name, p.differences) for p in verdicts[0].points] == [(p.name, p.differences) for p in alone.points]
+    cnn_claim = dataclasses.replace(CLAIM, featurizers=("MNIST_CNN",))
+    cnn_verdicts, _ = judge_sources([cnn_claim], [("cnn", cnn), ("mlp", mlp)], ["modreg_scale"])
+    assert cnn_verdicts[0].verdict == REFUTED

@@ -355,8 +355,9 @@ def judge_sources(claims: Sequence[Claim], sources: Sequence[tuple[str, Collecti
     """Every claim judged on labelled collections, and the protocols table (None when it is empty).
 
     Sources of one protocol merge; sources of different protocols stay apart, and each claim is judged
-    within the first protocol whose runs hold its dataset (so a paired grid and a DomainBed-protocol
-    sweep never share a table). `split_by` splits each protocol's rows by those hyperparameters where
+    within the first protocol whose runs hold its dataset with its featurizer, else its dataset (so a
+    paired grid and a DomainBed-protocol sweep never share a table, and a CNN sweep of one protocol does
+    not hide an MLP sweep of another on the same dataset). `split_by` splits each protocol's rows by those hyperparameters where
     its runs have them; a key no source has raises collect's one-line message naming it."""
     from domaingen.tables.collect import merged, split_by_hparams
 
@@ -378,7 +379,9 @@ def judge_sources(claims: Sequence[Claim], sources: Sequence[tuple[str, Collecti
     defaults = default_rows(claims, split_by, equivalents)
 
     def group_of(claim: Claim) -> Collection:
-        return next((g for g in groups if len(g.records) and (g.records["dataset"] == claim.dataset).any()), groups[0])
+        # the first protocol with runs of the claim's dataset and featurizer; failing that, of its dataset
+        holding = [g for g in groups if len(g.records) and (g.records["dataset"] == claim.dataset).any()]
+        return next((g for g in holding if len(claim_records(g, claim).records)), holding[0] if holding else groups[0])
 
     return [judge(claim, group_of(claim), defaults) for claim in claims], protocols
 
