@@ -49,6 +49,15 @@ def grid(points: dict[float, list[float]], featurizer: str = "MLP", collapsed=No
     return split_by_hparams(Collection(pd.DataFrame(rows)), ["modreg_scale"])
 
 
+def protocol_sweep(points: dict[float, list[float]], protocol: str, featurizer: str = "MLP") -> Collection:
+    """ERM and ERM+ModReg at each modreg_scale (unsplit), every record of `protocol`."""
+    rows = run_records("ERM", BASE, {"featurizer": featurizer}, f"{protocol}-erm")
+    for scale, diffs in points.items():
+        rows += run_records("ERM+ModReg", [b + d for b, d in zip(BASE, diffs)],
+                            {"featurizer": featurizer, "modreg_scale": scale}, f"{protocol}-m{scale}")
+    return Collection(pd.DataFrame([{**row, "protocol": protocol} for row in rows]), protocol=protocol)
+
+
 def verdict_of(collection: Collection, claim: Claim = CLAIM):
     return judge(claim, collection, default_rows([claim], ["modreg_scale"]))
 
@@ -314,15 +323,8 @@ def test_judge_sources_judges_each_claim_within_the_first_protocol_holding_its_d
     dataset (the same verdict as judging that source alone), never on both merged."""
     from domaingen.tables.verdict import judge_sources
 
-    def sweep(points: dict[float, list[float]], protocol: str) -> Collection:
-        rows = run_records("ERM", BASE, {"featurizer": "MLP"}, f"{protocol}-erm")
-        for scale, diffs in points.items():
-            rows += run_records("ERM+ModReg", [b + d for b, d in zip(BASE, diffs)],
-                                {"featurizer": "MLP", "modreg_scale": scale}, f"{protocol}-m{scale}")
-        return Collection(pd.DataFrame([{**row, "protocol": protocol} for row in rows]), protocol=protocol)
-
-    paired = sweep({1.0: DEFAULTS, 0.3: STRONG}, "paired")
-    other = sweep({1.0: WEAK, 0.3: WEAK}, "domainbed")
+    paired = protocol_sweep({1.0: DEFAULTS, 0.3: STRONG}, "paired")
+    other = protocol_sweep({1.0: WEAK, 0.3: WEAK}, "domainbed")
     verdicts, protocols = judge_sources([CLAIM], [("a", paired), ("b", other)], ["modreg_scale"])
     alone = verdict_of(grid({1.0: DEFAULTS, 0.3: STRONG}))
     assert verdicts[0].verdict == alone.verdict == "reproduced"
@@ -337,15 +339,8 @@ def test_a_claim_is_judged_within_the_protocol_holding_its_featurizer():
     the MLP sweep (as alone), though the CNN sweep comes first and holds the dataset."""
     from domaingen.tables.verdict import judge_sources
 
-    def sweep(points: dict[float, list[float]], protocol: str, featurizer: str) -> Collection:
-        rows = run_records("ERM", BASE, {"featurizer": featurizer}, f"{protocol}-erm")
-        for scale, diffs in points.items():
-            rows += run_records("ERM+ModReg", [b + d for b, d in zip(BASE, diffs)],
-                                {"featurizer": featurizer, "modreg_scale": scale}, f"{protocol}-m{scale}")
-        return Collection(pd.DataFrame([{**row, "protocol": protocol} for row in rows]), protocol=protocol)
-
-    cnn = sweep({1.0: WEAK, 0.3: WEAK}, "paired", "MNIST_CNN")
-    mlp = sweep({1.0: DEFAULTS, 0.3: STRONG}, "domainbed", "MLP")
+    cnn = protocol_sweep({1.0: WEAK, 0.3: WEAK}, "paired", "MNIST_CNN")
+    mlp = protocol_sweep({1.0: DEFAULTS, 0.3: STRONG}, "domainbed")
     verdicts, _ = judge_sources([CLAIM], [("cnn", cnn), ("mlp", mlp)], ["modreg_scale"])
     alone = verdict_of(grid({1.0: DEFAULTS, 0.3: STRONG}))
     assert verdicts[0].verdict == alone.verdict == "reproduced"

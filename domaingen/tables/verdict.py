@@ -357,8 +357,9 @@ def judge_sources(claims: Sequence[Claim], sources: Sequence[tuple[str, Collecti
     Sources of one protocol merge; sources of different protocols stay apart, and each claim is judged
     within the first protocol whose runs hold its dataset with its featurizer, else its dataset (so a
     paired grid and a DomainBed-protocol sweep never share a table, and a CNN sweep of one protocol does
-    not hide an MLP sweep of another on the same dataset). `split_by` splits each protocol's rows by those hyperparameters where
-    its runs have them; a key no source has raises collect's one-line message naming it."""
+    not hide an MLP sweep of another on the same dataset). `split_by` splits each protocol's rows by
+    those hyperparameters where its runs have them; a key no source has raises collect's one-line
+    message naming it."""
     from domaingen.tables.collect import merged, split_by_hparams
 
     by_protocol: dict[str, list[tuple[str, Collection]]] = {}
