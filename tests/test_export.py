@@ -257,3 +257,16 @@ def test_an_unknown_records_layout_is_refused_in_one_line(sweep, tmp_path, capsy
                        "--records", "tar")
     assert code == 2 and not (tmp_path / "x.zip").exists() and len(err.strip().splitlines()) == 1
     assert err.strip().endswith("argument --records: invalid choice: 'tar' (choose from 'solid', 'files')")
+
+
+@pytest.mark.parametrize("keep", [0.1, 0.25, 0.5, 0.75, 0.9, 0.99, -1])
+def test_records_cut_anywhere_are_damaged_not_missing(solid_bundle, tmp_path, capsys, keep):
+    """A records.tar.xz cut at any point (a member's data, a header, the tar's trailing padding, the xz
+    footer: -1 drops only the last byte) is refused as damaged, never read as a shorter archive."""
+    with zipfile.ZipFile(solid_bundle) as zf:
+        zf.extractall(tmp_path / "unpacked")
+    bad = tmp_path / "unpacked" / "s"
+    packed = bad / "records.tar.xz"
+    data = packed.read_bytes()
+    packed.write_bytes(data[:-1] if keep == -1 else data[: int(len(data) * keep)])
+    _refused(capsys, tmp_path, bad, "(damaged: records.tar.xz: ")

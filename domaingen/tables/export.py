@@ -310,11 +310,15 @@ def _extract_records(path: Path, records: IO[bytes], wanted: dict[str, str], int
     """Check and extract the files of `wanted` (arc -> SHA-256) that records.tar.xz holds, read as a stream;
     drops them from `wanted`."""
     try:
-        with tarfile.open(fileobj=records, mode="r|xz") as tar:
+        # tarfile's own xz stream ends quietly where a truncated file ends (at a member boundary, the
+        # archive just looks shorter); lzma's raises EOFError unless it reaches xz's end-of-stream marker
+        with lzma.open(records) as stream, tarfile.open(fileobj=stream, mode="r|") as tar:
             for member in tar:
                 if member.isfile() and member.name in wanted:
                     data = tar.extractfile(member).read()  # type: ignore[union-attr]
                     _write_checked(path, member.name, data, wanted.pop(member.name), into)
+            while stream.read(1 << 20):  # read to the marker: a cut in the tar's trailing padding raises too
+                pass
     except (tarfile.TarError, lzma.LZMAError, EOFError) as exc:
         raise _damaged(path, f"damaged: {RECORDS}: {exc}") from None
 
