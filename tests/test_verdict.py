@@ -131,6 +131,32 @@ def test_collapsed_runs_are_counted_at_the_best_point():
     assert "2 of 4 collapsed" in verdict_markdown([v])
 
 
+def test_a_checkpoint_without_training_splits_is_judged_on_its_validation_splits():
+    # with --eval_splits final only the last step evaluates the in splits; the selected step 100 has its
+    # training environments' out splits (the selection split), and those decide, not the last step's flag
+    def sweep(selected_out: float) -> Collection:
+        rows = run_records("ERM", BASE, {"featurizer": "MLP"}, "erm", collapsed=[0] * 4)
+        for trial, diff in enumerate(STRONG):
+            selected = rec("ERM+ModReg", [0], 0, trial, 100, [BASE[trial] + diff] + [math.nan] * 5,
+                           [0.5] + [selected_out] * 5, dataset="RotatedMNIST")
+            last = rec("ERM+ModReg", [0], 0, trial, 200, [0.1] * 6, [0.5] + [selected_out / 2] * 5,
+                       dataset="RotatedMNIST")  # at chance, and worse on validation: not selected
+            for row, flag in ((selected, math.nan), (last, 1.0)):
+                row.update(run=f"m-{trial}", hparams=json.dumps({"featurizer": "MLP", "modreg_scale": 0.1}))
+                row[COLLAPSED] = flag
+                rows.append(row)
+        return split_by_hparams(Collection(pd.DataFrame(rows)), ["modreg_scale"])
+
+    assert verdict_of(sweep(0.9)).best.collapsed == 0  # 90% on validation: a network, whatever came later
+    assert verdict_of(sweep(0.12)).best.collapsed == 4  # 12% of 10 classes: at chance (within 5 points)
+    # a checkpoint that evaluated neither (the oracle reads only the held-out environment) takes the
+    # run's last flag
+    fallback = sweep(0.9)
+    fallback.records.loc[fallback.records["step"] == 100, [f"env{i}_out_acc" for i in range(1, 6)]] = math.nan
+    oracle = dataclasses.replace(CLAIM, selection="oracle")
+    assert verdict_of(fallback, oracle).best.collapsed == 4
+
+
 def test_a_gain_from_collapsed_runs_is_not_credited_but_a_refutation_stands():
     # STRONG would be 'reproduced' (+3.2 points in every trial, claimed +0.98); one collapsed run withholds it
     assert verdict_of(grid({1.0: DEFAULTS, 0.1: STRONG})).verdict == "reproduced"

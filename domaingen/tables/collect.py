@@ -13,11 +13,12 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Sequence
+from typing import Mapping, Sequence
 
 import pandas as pd
 
@@ -37,6 +38,7 @@ COMBINED_DIR = "combined"  # a sweep's combined runs (DiWA, soups, ENS: inspect.
 MODE_LABELS = {"kd": "KD", "mask_ens": "MaskEns", "zero_shot": "ZeroShot"}
 MODE_FIELD = re.compile(r"^env(\d+)_(in|out|idtest)_acc_(\w+)$")
 IN_ACC_FIELD = re.compile(r"^env(\d+)_in_acc$")
+OUT_ACC_FIELD = re.compile(r"^env(\d+)_out_acc$")
 # Derived record fields: a run's mean in-split accuracy over its training environments, and
 # whether that is within COLLAPSE_MARGIN of chance (1 / the dataset's classes): a run that
 # does not fit its own training data has collapsed, whatever its held-out score reads.
@@ -111,13 +113,16 @@ def _flatten(record: dict, run: str) -> dict | None:
     return row
 
 
-def training_accuracy(record: dict, test_envs: Sequence[int], dataset: object) -> dict[str, float]:
+def training_accuracy(record: Mapping, test_envs: Sequence[int], dataset: object,
+                      split_field: re.Pattern = IN_ACC_FIELD) -> dict[str, float]:
     """{TRAIN_ACC: mean env{i}_in_acc over the environments not in `test_envs`, COLLAPSED: 1.0 when
     that is at most chance + COLLAPSE_MARGIN, else 0.0}; COLLAPSED only when the dataset's class
-    count is known, nothing when the record has no training environment's in-split accuracy."""
+    count is known, nothing when the record has no training environment's in-split accuracy.
+    `split_field` = OUT_ACC_FIELD reads the training environments' out (validation) splits instead."""
     held_out = set(test_envs)
     values = [float(v) for k, v in record.items()
-              if (m := IN_ACC_FIELD.match(k)) and int(m.group(1)) not in held_out and isinstance(v, (int, float))]
+              if (m := split_field.match(k)) and int(m.group(1)) not in held_out and isinstance(v, (int, float))
+              and not math.isnan(v)]
     if not values:
         return {}
     mean = sum(values) / len(values)

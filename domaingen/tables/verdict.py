@@ -15,8 +15,9 @@ each claim, over the runs of that dataset whose featurizer is the claim's:
   choice most favourable to the method: a claim that fails even there fails everywhere, and the
   Holm adjustment over every point tried pays for the choice when a gain is found;
 - collapse: how many of the best point's selected runs are within COLLAPSE_MARGIN of chance on
-  their own training environments (collect's `train_collapsed`), where a held-out score can read
-  as a gain (a model at chance scores 50% on Colored MNIST's -90% environment);
+  their own training environments (collect's `train_collapsed`; at a checkpoint that did not
+  evaluate those, on their validation splits), where a held-out score can read as a gain (a model
+  at chance scores 50% on Colored MNIST's -90% environment);
 - the verdict, by RULE.
 
 Where a paper's protocol cannot be identified (its base scores match no protocol we know), the
@@ -40,7 +41,7 @@ from scipy import stats
 from tabulate import tabulate
 
 from domaingen.errors import DomaingenError
-from domaingen.tables.collect import COLLAPSED, Collection
+from domaingen.tables.collect import COLLAPSED, OUT_ACC_FIELD, Collection, training_accuracy
 from domaingen.tables.comparisons import paired_cell
 from domaingen.tables.reference import AVG, PUBLISHED_DIR, _environment, _number
 from domaingen.tables.reporting import Cell, build_tables
@@ -201,17 +202,27 @@ def claim_records(collection: Collection, claim: Claim) -> Collection:
 
 
 def _collapsed(records: pd.DataFrame, cell: Cell) -> int:
-    """How many of the cell's selected runs collapsed: COLLAPSED at the selected step, or, where that
-    step did not evaluate the training splits, at the run's last step that did. A trial of an
+    """How many of the cell's selected runs collapsed: COLLAPSED at the selected step; where that step
+    did not evaluate the training splits, the same test on its training environments' out (validation)
+    splits; where it evaluated neither, COLLAPSED at the run's last step that did. A trial of an
     average over held-out environments (`trial_average`) counts once if any of its runs collapsed."""
     if COLLAPSED not in records:
         return 0
     flagged = records[records[COLLAPSED].notna()].sort_values("step")
     at_step = flagged.set_index(["run", "step"])[COLLAPSED]
     last = flagged.groupby("run")[COLLAPSED].last()
+    rows = {(row["run"], row["step"]): row for row in records.to_dict("records")}
+
+    def collapsed_at(run: str, step: int) -> float | None:
+        if (run, step) in at_step:
+            return at_step[(run, step)]
+        row = rows.get((run, step))
+        on_validation = training_accuracy(row, row["test_envs"], row["dataset"], OUT_ACC_FIELD) if row else {}
+        return on_validation.get(COLLAPSED, last.get(run))
+
     count = 0
     for t in cell.trace:
-        values = [at_step.get((run, step), last.get(run)) for run, step in t.get("parts", [(t["run"], t["step"])])]
+        values = [collapsed_at(run, step) for run, step in t.get("parts", [(t["run"], t["step"])])]
         count += any(bool(v) for v in values if v is not None)
     return count
 
