@@ -23,6 +23,7 @@ COMMANDS = {
     "sweep status": (lambda p: ["sweep", "status", "--spec", "{spec}", "--output_dir", p], True),
     "sweep delete-incomplete": (lambda p: ["sweep", "delete-incomplete", "--spec", "{spec}", "--output_dir", p,
                                            "--yes"], True),
+    "sweep restore": (lambda p: ["sweep", "restore", "--bundle", "{tmp}/b.zip", "--output_dir", p], True),
     "collect": (lambda p: ["collect", "--input_dir", "{tmp}", "--output", p], False),
     "export": (lambda p: ["export", "--input_dir", "{tmp}", "--output", p], False),
     "report": (lambda p: ["report", "{tmp}", "--output", p], True),
@@ -30,6 +31,9 @@ COMMANDS = {
     "download": (lambda p: ["download", "--dataset", "pacs", "--data_dir", p], True),
     "mask-transfer": (lambda p: ["mask-transfer", "--data_dir", "embedded", "--output", p], False),
 }
+
+
+READS_A_SWEEP = ("sweep status", "sweep delete-incomplete")
 
 
 def test_every_output_path_of_the_command_line_is_covered_here():
@@ -70,7 +74,7 @@ def test_a_path_through_a_file_is_refused_in_one_line(command, tmp_path, capsys)
     path = file if is_dir else file / "out.txt"
     code, err = _run(command, path, tmp_path, capsys)
     assert code == 2 and len(err) == 1
-    if command.startswith("sweep") and command != "sweep launch":
+    if command in READS_A_SWEEP:
         assert err[0] == (f"domaingen: error: --output_dir {file} is a file, not a sweep directory; give the "
                           "directory the sweep was launched into")
     else:
@@ -87,7 +91,7 @@ def test_an_unwritable_path_is_refused_in_one_line(command, tmp_path, capsys):
     path = locked / "new" / ("out" if COMMANDS[command][1] else "out.txt")
     code, err = _run(command, path, tmp_path, capsys)
     assert code == 2 and len(err) == 1
-    if command.startswith("sweep") and command != "sweep launch":  # these read: a sweep is not there
+    if command in READS_A_SWEEP:  # these read: a sweep is not there
         assert err[0] == (f"domaingen: error: {path} holds no sweep (no such directory): give the directory a "
                           "sweep was launched into, or --spec FILE to count that spec's jobs there")
     else:

@@ -142,6 +142,11 @@ def _add_sweep_parser(sub: argparse._SubParsersAction) -> None:
                            help="one screen refreshed every --interval seconds: job counts, the running jobs' latest "
                                 "step and validation accuracy, and an ETA, until the sweep ends or Ctrl-C")
             a.add_argument("--interval", type=float, default=5.0, help="--watch: seconds between refreshes")
+    a = actions.add_parser("restore", help="write an exported bundle's done runs and spec into a sweep directory, so "
+                                           "that sweep launch continues the sweep where the bundle left it")
+    a.add_argument("--bundle", required=True, metavar="FILE.zip",
+                   help="a bundle domaingen export wrote (with --all_runs: every done run), or its unpacked folder")
+    a.add_argument("--output_dir", required=True, help="the sweep directory (new, or holding the same sweep)")
 
 
 def _add_export_parser(sub: argparse._SubParsersAction) -> None:
@@ -314,6 +319,7 @@ OUTPUT_PATHS = (
     ("sweep launch", "output_dir", "--output_dir", "dir"),
     ("sweep status", "output_dir", "--output_dir", "sweep"),
     ("sweep delete-incomplete", "output_dir", "--output_dir", "sweep"),
+    ("sweep restore", "output_dir", "--output_dir", "dir"),
     ("collect", "output", "--output", "file"),
     ("export", "output", "--output", "file"),
     ("report", "output", "--output", "dir"),

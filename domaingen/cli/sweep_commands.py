@@ -94,6 +94,8 @@ def spec_from_args(ns: argparse.Namespace):
 
 
 def run(ns: argparse.Namespace) -> int:
+    if ns.action == "restore":
+        return _restore(ns)
     if ns.action != "launch":
         _check_holds_sweep(ns)
     spec = spec_from_args(ns)
@@ -103,6 +105,23 @@ def run(ns: argparse.Namespace) -> int:
     if ns.action == "delete-incomplete":
         return _delete(jobs, ns)
     return _launch(spec, jobs, ns)
+
+
+def _restore(ns: argparse.Namespace) -> int:
+    from domaingen.tables.restore import restore_bundle
+
+    done = restore_bundle(ns.bundle, ns.output_dir)
+    weights = f" ({done.with_weights} with weights)" if done.with_weights else ""
+    spec = f" and its {SPEC_FILE}" if done.spec_written else ""
+    print(f"restored {len(done.restored)} done runs{weights}{spec} from {ns.bundle} into {ns.output_dir}")
+    if done.present:
+        print(f"{len(done.present)} of the bundle's done runs were there already and are left as they are")
+    if done.not_done:
+        print(f"{len(done.not_done)} of its runs were not done (incomplete or failed) and are not restored: "
+              f"sweep launch runs them from the start")
+    print(f"continue it with: domaingen sweep launch --spec SPEC --output_dir {ns.output_dir} (--parts and "
+          f"--n_trials launch some of its jobs)")
+    return 0
 
 
 def _check_holds_sweep(ns: argparse.Namespace) -> None:
@@ -191,7 +210,9 @@ def _launch(spec, jobs, ns) -> int:
 
         check_data_dir(ns.data_dir, sorted({job.args["dataset"] for job in jobs if states[job.job_id] != DONE_STATE}))
     if runs_jobs:
-        prepare_sweep_dir(ns.output_dir, spec, force=ns.force)
+        if prepare_sweep_dir(ns.output_dir, spec, force=ns.force):
+            print(f"these jobs are part of the sweep {ns.output_dir}/{SPEC_FILE} records: its record is kept "
+                  f"(--force records this spec instead)")
     wanted = (NOT_LAUNCHED, INCOMPLETE) + ((FAILED_STATE,) if ns.retry_failed else ())
     todo = [job for job in jobs if states[job.job_id] in wanted]
     counts = collections.Counter(states.values())

@@ -404,8 +404,12 @@ def job_states(jobs: Iterable[Job], sweep_dir: str | os.PathLike) -> dict[str, s
     return {job.job_id: RunDirectory(job.directory(sweep_dir)).state() for job in jobs}
 
 
-def prepare_sweep_dir(sweep_dir: str | os.PathLike, spec: SweepSpec, force: bool = False) -> None:
-    """Create the sweep directory and record its spec; refuse a different spec unless forced."""
+def prepare_sweep_dir(sweep_dir: str | os.PathLike, spec: SweepSpec, force: bool = False) -> bool:
+    """Create the sweep directory and record its spec; refuse a different spec unless forced.
+
+    A spec whose jobs are all jobs of the sweep recorded there (some of its parts, fewer trials) is part of
+    that sweep: its record is kept, so that the tables still count the rest as not launched. Returns
+    whether the recorded spec was kept for such a part."""
     path = Path(sweep_dir)
     try:
         path.mkdir(parents=True, exist_ok=True)
@@ -428,6 +432,8 @@ def prepare_sweep_dir(sweep_dir: str | os.PathLike, spec: SweepSpec, force: bool
     free = {item.name for item in SWEEP_SETTINGS if item.info.identity == NEVER}
     changed = sorted(k for k in set(recorded or {}) | set(wanted)
                      if k not in free and (recorded or {}).get(k) != wanted.get(k))
+    if recorded is not None and changed and not force and _within_recorded(spec, recorded, path):
+        return True
     if recorded is not None and changed and not force:
         detail = "; ".join(f"{k}: {recorded.get(k)!r} there, {wanted.get(k)!r} now" for k in changed)
         raise DomaingenError(
@@ -437,6 +443,17 @@ def prepare_sweep_dir(sweep_dir: str | os.PathLike, spec: SweepSpec, force: bool
     if recorded is not None and not force:
         wanted["plugins"] = merge_specs(recorded.get("plugins"), wanted.get("plugins"))
     atomic_write_bytes(path / SPEC_FILE, (json.dumps(wanted, indent=2, sort_keys=True) + "\n").encode())
+    return False
+
+
+def _within_recorded(spec: SweepSpec, recorded: dict[str, Any], path: Path) -> bool:
+    """Whether every job of `spec` is a job of the sweep recorded in `path` (which then keeps its record)."""
+    try:
+        whole = {job.job_id for job in build_jobs(parse_spec({k: v for k, v in recorded.items() if v is not None},
+                                                             str(path / SPEC_FILE)))}
+    except (DomaingenError, TypeError, KeyError):  # a recorded spec this version cannot parse
+        return False
+    return {job.job_id for job in build_jobs(spec)} <= whole
 
 
 def read_recorded_spec(sweep_dir: str | os.PathLike) -> dict[str, Any] | None:

@@ -64,6 +64,7 @@ FORMATS = {"files": 1, "solid": 2}
 DIAGNOSTICS = "diagnostics.json"
 RUN_FILES = (ARGS, MANIFEST, RESULTS, FINAL, LOG, DONE, DIAGNOSTICS)
 RUNS = "runs"
+SWEEP_FILE = "sweep.json"  # the sweep's recorded spec (sweep.spec.SPEC_FILE; tables do not import sweep)
 
 README = """# {name}: a domaingen bundle
 
@@ -213,8 +214,8 @@ def export_bundle(input_dir: str | os.PathLike, output: str | os.PathLike, colle
             members[f"{RUNS}/{run}/{f}"] = run_dir / f
         if run in chosen:
             runs_info[run] = {"chosen_by": chosen[run]}
-    if (source / "sweep.json").exists():
-        members["sweep.json"] = source / "sweep.json"
+    if (source / SWEEP_FILE).exists():
+        members[SWEEP_FILE] = source / SWEEP_FILE
     info = {
         "format": FORMATS[records],
         "domaingen": domaingen.__version__,
@@ -379,6 +380,34 @@ def _extract_folder_records(path: Path, into: Path) -> dict[str, Any]:
     if wanted:
         raise _damaged(path, f"{sorted(wanted)[0]} is missing")
     return info
+
+
+def copy_weights(path: str | os.PathLike, info: dict[str, Any], arcs: Sequence[str], into: Path) -> None:
+    """Copy a bundle's (zip or folder) weight files `arcs` (runs/RUN/NAME.pt) to `into`/arc, each checked
+    against the SHA-256 bundle.json records for it."""
+    path = Path(path)
+
+    def check(arc: str, target: Path) -> None:
+        if _sha256(target) != info["files"].get(arc):
+            target.unlink()
+            raise _damaged(path, f"{arc} does not match its checksum")
+
+    if path.is_dir():
+        for arc in arcs:
+            (into / arc).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(path / arc, into / arc)
+            check(arc, into / arc)
+        return
+    try:
+        with zipfile.ZipFile(path) as zf:
+            top = next(n for n in zf.namelist() if n.endswith(f"/{BUNDLE_FILE}") and n.count("/") == 1).split("/")[0]
+            for arc in arcs:
+                (into / arc).parent.mkdir(parents=True, exist_ok=True)
+                with zf.open(f"{top}/{arc}") as source, open(into / arc, "wb") as target:
+                    shutil.copyfileobj(source, target, 1 << 20)
+                check(arc, into / arc)
+    except (zipfile.BadZipFile, zlib.error, EOFError, KeyError, StopIteration) as exc:
+        raise _damaged(path, f"damaged: {exc}") from None
 
 
 @dataclass
