@@ -20,7 +20,9 @@ flags stop in one line naming their command. Selection methods and launchers are
 `domaingen.datasets.sampling` only. `domaingen.cli.main.main` returns 2 for a command line
 argparse refuses, instead of raising SystemExit. New: `collect ranks`, `collect intervals`,
 `collect --baseline`, paired tests in the `--paired` tables, `domaingen spec`, DomainBed's flags,
-`--time_budget`.
+`--time_budget`, `sweep restore` (a sweep directory back from its exported bundle). Launching some
+of a recorded sweep's jobs into its directory (`--parts`, fewer trials) keeps its record; 0.2
+refused it as a different spec.
 
 What moved in 0.2. The public paths stay: `domaingen.algorithms.base`,
 `domaingen.datasets`, `domaingen.networks` (its device helpers now live in
