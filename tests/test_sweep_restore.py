@@ -188,3 +188,18 @@ def test_a_larger_spec_than_the_recorded_one_is_still_refused(whole, tmp_path, c
     assert launch(capsys, spec, out, "--parts", "1", "--steps", "1")[0] == 0  # records part 1, 1 step
     code, _, err = launch(capsys, spec, out, "--steps", "1")
     assert code == 2 and "holds a sweep with a different spec (parts: [{" in err and len(err.splitlines()) == 1
+
+
+def test_a_bundle_without_runs_is_refused_in_one_line_and_nothing_is_written(bundle, tmp_path, capsys):
+    with zipfile.ZipFile(bundle[0]) as zf:  # unpacked, then its records and their checksums left out
+        zf.extractall(tmp_path / "unpacked")
+    folder = tmp_path / "unpacked" / "b"
+    info = json.loads((folder / "bundle.json").read_text())
+    info["files"] = {arc: digest for arc, digest in info["files"].items() if (folder / arc).is_file()}
+    (folder / "bundle.json").write_text(json.dumps(info))
+    (folder / "records.tar.xz").unlink()
+    out = tmp_path / "new"
+    code, text, err = run(capsys, "sweep", "restore", "--bundle", str(folder), "--output_dir", str(out))
+    assert code == 2 and text == "" and err.strip() == (
+        f"domaingen: error: {folder} holds no runs to restore (no runs/ folder)")
+    assert not out.exists()

@@ -64,17 +64,14 @@ def restore_bundle(bundle: str | os.PathLike, sweep_dir: str | os.PathLike) -> R
                 os.replace(staging / RUNS / run, target / run)
             if done.spec_written:
                 atomic_write_bytes(target / SWEEP_FILE, spec_bytes)
-        except OSError as exc:
-            shutil.rmtree(staging, ignore_errors=True)
+        except (OSError, DomaingenError) as exc:
             if not existed:
                 shutil.rmtree(target, ignore_errors=True)
+            if isinstance(exc, DomaingenError):
+                raise
             raise DomaingenError(f"cannot restore into {target}: {exc.strerror or exc}") from None
-        except DomaingenError:
+        finally:
             shutil.rmtree(staging, ignore_errors=True)
-            if not existed:
-                shutil.rmtree(target, ignore_errors=True)
-            raise
-        shutil.rmtree(staging, ignore_errors=True)
     return done
 
 
