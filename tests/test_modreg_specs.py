@@ -30,7 +30,8 @@ def _points(jobs, algorithm: str, **fixed) -> dict[tuple[float, float], set[int]
 
 
 @pytest.mark.parametrize("name, bases, trials, n_jobs", [
-    ("modreg_grid_irm.toml", ["ERM", "IRM"], 10, (2 + 15 + 2 * 15) * 10),  # IRM+ModReg rescaled and not
+    # IRM+ModReg rescaled and not, and pi's second reading at one point (part 48)
+    ("modreg_grid_irm.toml", ["ERM", "IRM"], 10, (2 + 15 + 2 * 15 + 1) * 10),
     ("modreg_grid_rmnist.toml", ["ERM"], 3, (1 + 15) * 3),
     ("modreg_grid_rmnist_irm.toml", ["IRM"], 3, (1 + 15) * 3),  # DomainBed's IRM: nothing to rescale
 ])
@@ -95,6 +96,25 @@ def test_pi_and_trials_specs_extend_the_grid_at_its_points():
     early = {j.job_id for j in trials if j.args["trial_seed"] < 3}
     assert len(trials) == 3 * 24 and early <= grid_ids and len(early) == 9
     assert not {j.job_id for j in trials if j.args["trial_seed"] >= 3} & grid_ids
+
+
+def test_irm_grid_reads_pi_as_the_logit_at_part_44s_point_paired_by_restart():
+    """Part 48 is part 44 (scale 0.03, mask lr 1e-2, not rescaled) with modreg_pi = "logit" and nothing
+    else changed: its restart t shares the training seed and every argument with IRM's and part 44's."""
+    jobs = _jobs("modreg_grid_irm.toml")
+    logit = [j.args for j in jobs if j.args["hparams"].get("modreg_pi") == "logit"]
+    assert len(logit) == 10 and {a["trial_seed"] for a in logit} == set(range(10))
+    point = {k: v for k, v in logit[0]["hparams"].items() if k != "modreg_pi"}
+    assert (point["modreg_scale"], point["modreg_mask_lr"], point["modreg_rescaled"]) == (0.03, 0.01, False)
+    for a in logit:
+        twins = [j.args for j in jobs if j.args["trial_seed"] == a["trial_seed"] and (
+            j.args["algorithm"] == "IRM" or j.args["hparams"] == point)]
+        assert len(twins) == 2
+        for twin in twins:
+            assert run_seed(a["dataset"], a["algorithm"], a["test_envs"], a["hparams_seed"], a["trial_seed"]) == \
+                run_seed(twin["dataset"], "IRM", twin["test_envs"], 0, a["trial_seed"])
+            assert {k: v for k, v in a.items() if k not in ("algorithm", "hparams")} == \
+                {k: v for k, v in twin.items() if k not in ("algorithm", "hparams")}
 
 
 def test_irm_trials_spec_extends_the_rmnist_irm_grid():
