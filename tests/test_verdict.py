@@ -374,3 +374,22 @@ def test_a_claim_is_judged_within_the_protocol_holding_its_featurizer():
     cnn_claim = dataclasses.replace(CLAIM, featurizers=("MNIST_CNN",))
     cnn_verdicts, _ = judge_sources([cnn_claim], [("cnn", cnn), ("mlp", mlp)], ["modreg_scale"])
     assert cnn_verdicts[0].verdict == REFUTED
+
+
+def test_holm_counts_only_the_points_with_a_test_and_the_table_says_how_many():
+    # a third point run once has no test: Holm's adjustment is over the two tested points, and the table's
+    # `tested` column says 2 of 3; that untested point, best on its mean, is still the best point
+    v = verdict_of(grid({1.0: DEFAULTS, 0.1: STRONG, 0.3: [0.05]}))
+    by_name = {p.name: p for p in v.points}
+    once = by_name["ERM+ModReg (modreg_scale=0.3)"]
+    assert once.n == 1 and math.isnan(once.p_value) and math.isnan(once.p_holm)
+    raw_strong = stats.ttest_1samp(np.array(STRONG), 0).pvalue
+    raw_defaults = stats.ttest_1samp(np.array(DEFAULTS), 0).pvalue
+    assert raw_strong < raw_defaults
+    assert by_name["ERM+ModReg (modreg_scale=0.1)"].p_holm == pytest.approx(2 * raw_strong)
+    assert by_name["ERM+ModReg (modreg_scale=1.0)"].p_holm == pytest.approx(min(1.0, max(2 * raw_strong, raw_defaults)))
+    assert v.best is once and v.verdict == REPRODUCED
+    csv = pd.read_csv(__import__("io").StringIO(verdict_csv([v])))
+    assert csv[["points", "tested"]].values.tolist() == [[3, 2]]
+    md = verdict_markdown([v])
+    assert "+5.0 (n=1)" in md and "Holm-adjusted over the claim's tested points" in md

@@ -10,10 +10,11 @@ each claim, over the runs of that dataset whose featurizer is the claim's:
 - the method's points: every row of the method in the tables (`ALGORITHM`, or with `--split_by`
   `ALGORITHM (hparam=value, ...)`: the defaults and each grid point), each paired with the base
   algorithm trial by trial (same trial_seed: same initial weights, splits and minibatches),
-  the differences' mean, their 95% t-interval and a paired test, Holm-adjusted over the points;
+  the differences' mean, their 95% t-interval and a paired test, Holm-adjusted over the points that
+  have one (a point with a single paired trial has none and does not count; the table's `tested`);
 - the best point: the one with the highest mean difference. It is chosen on test accuracy, the
   choice most favourable to the method: a claim that fails even there fails everywhere, and the
-  Holm adjustment over every point tried pays for the choice when a gain is found;
+  Holm adjustment over every tested point pays for the choice when a gain is found;
 - collapse: how many of the best point's selected runs are within COLLAPSE_MARGIN of chance on
   their own training environments (collect's `train_collapsed`; at a checkpoint that did not
   evaluate those, on their validation splits), where a held-out score can read as a gain (a model
@@ -62,7 +63,8 @@ UNTESTABLE = "untestable here"
 COLLAPSED_GAIN = "gain from collapsed runs"
 
 RULE = (f"Verdicts: '{REPRODUCED}' when some point's gain over the base is positive with a Holm-adjusted p below "
-        f"{ALPHA:g} (over every point tried) and the best point's {LEVEL:.0%} interval reaches the claimed gain; "
+        f"{ALPHA:g} (over every point tried that has a test: two paired trials or more) and the best point's "
+        f"{LEVEL:.0%} interval reaches the claimed gain; "
         f"'{SMALLER}' when such a gain is found but the best point's interval lies below the claimed gain; "
         f"'{REFUTED}' when no point gains significantly and the best point's interval lies below the claimed gain; "
         f"'{INCONCLUSIVE}' when no point gains significantly and the interval still reaches the claimed gain. "
@@ -483,6 +485,7 @@ def verdict_frame(verdicts: Sequence[Verdict]) -> pd.DataFrame:
             "best point": _best_name(v),
             "best: gain [95% CI]": _point_text(v.best),
             "points": len(v.points),
+            "tested": sum(not math.isnan(p.p_value) for p in v.points),
             "verdict": v.verdict + (f" ({v.reason})" if v.reason else ""),
         })
     return pd.DataFrame(rows)
@@ -504,7 +507,8 @@ def verdict_markdown(verdicts: Sequence[Verdict], protocols: pd.DataFrame | None
     sources = sorted({v.claim.source for v in verdicts})
     lines.append(f"Published numbers: {'; '.join(sources)}. " + RULE +
                  f" Intervals: Student's t at {LEVEL:.0%} over the paired trials; p: paired t-test (fewer than 6 "
-                 "pairs) or Wilcoxon signed-rank, Holm-adjusted over the claim's points. Collapsed: a selected run "
+                 "pairs) or Wilcoxon signed-rank, Holm-adjusted over the claim's tested points (a point with a single "
+                 "paired trial, or with no spread, has no test). Collapsed: a selected run "
                  "within 5 points of chance on its own training environments.")
     return "\n".join(lines) + "\n"
 
