@@ -30,8 +30,8 @@ def _points(jobs, algorithm: str, **fixed) -> dict[tuple[float, float], set[int]
 
 
 @pytest.mark.parametrize("name, bases, trials, n_jobs", [
-    # IRM+ModReg rescaled and not, and pi's second reading at one point (part 48)
-    ("modreg_grid_irm.toml", ["ERM", "IRM"], 10, (2 + 15 + 2 * 15 + 1) * 10),
+    # IRM+ModReg rescaled and not, and pi's second reading at two points (parts 48 and 49)
+    ("modreg_grid_irm.toml", ["ERM", "IRM"], 10, (2 + 15 + 2 * 15 + 2) * 10),
     ("modreg_grid_rmnist.toml", ["ERM"], 3, (1 + 15) * 3),
     ("modreg_grid_rmnist_irm.toml", ["IRM"], 3, (1 + 15) * 3),  # DomainBed's IRM: nothing to rescale
 ])
@@ -98,17 +98,20 @@ def test_pi_and_trials_specs_extend_the_grid_at_its_points():
     assert not {j.job_id for j in trials if j.args["trial_seed"] >= 3} & grid_ids
 
 
-def test_irm_grid_reads_pi_as_the_logit_at_part_44s_point_paired_by_restart():
-    """Part 48 is part 44 (scale 0.03, mask lr 1e-2, not rescaled) with modreg_pi = "logit" and nothing
-    else changed: its restart t shares the training seed and every argument with IRM's and part 44's."""
+@pytest.mark.parametrize("point", [(0.03, 0.01, False), (0.3, 0.01, True)], ids=["part48", "part49"])
+def test_irm_grid_reads_pi_as_the_logit_at_its_best_points_paired_by_restart(point):
+    """Parts 48 and 49 are parts 44 (scale 0.03, mask lr 1e-2, not rescaled) and 31 (scale 0.3, mask lr 1e-2,
+    rescaled) with modreg_pi = "logit" and nothing else changed: restart t shares the training seed and every
+    argument with IRM's restart t and with its point's."""
     jobs = _jobs("modreg_grid_irm.toml")
-    logit = [j.args for j in jobs if j.args["hparams"].get("modreg_pi") == "logit"]
+    logit = [j.args for j in jobs if j.args["hparams"].get("modreg_pi") == "logit" and (
+        j.args["hparams"]["modreg_scale"], j.args["hparams"]["modreg_mask_lr"],
+        j.args["hparams"]["modreg_rescaled"]) == point]
     assert len(logit) == 10 and {a["trial_seed"] for a in logit} == set(range(10))
-    point = {k: v for k, v in logit[0]["hparams"].items() if k != "modreg_pi"}
-    assert (point["modreg_scale"], point["modreg_mask_lr"], point["modreg_rescaled"]) == (0.03, 0.01, False)
+    sigmoid_twin = {k: v for k, v in logit[0]["hparams"].items() if k != "modreg_pi"}
     for a in logit:
         twins = [j.args for j in jobs if j.args["trial_seed"] == a["trial_seed"] and (
-            j.args["algorithm"] == "IRM" or j.args["hparams"] == point)]
+            j.args["algorithm"] == "IRM" or j.args["hparams"] == sigmoid_twin)]
         assert len(twins) == 2
         for twin in twins:
             assert run_seed(a["dataset"], a["algorithm"], a["test_envs"], a["hparams_seed"], a["trial_seed"]) == \
