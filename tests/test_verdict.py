@@ -393,3 +393,23 @@ def test_holm_counts_only_the_points_with_a_test_and_the_table_says_how_many():
     assert csv[["points", "tested"]].values.tolist() == [[3, 2]]
     md = verdict_markdown([v])
     assert "+5.0 (n=1)" in md and "Holm-adjusted over the claim's tested points" in md
+
+
+def test_claims_of_one_dataset_with_different_paper_numbers_each_get_their_protocol_rows():
+    from domaingen.tables.verdict import protocol_frame
+
+    def claim(name, paper, selection="training"):
+        return Claim(name, "ColoredMNIST", "-90%", ("MLP",), "ERM", "ERM+ModReg", paper, paper + 1, selection, "paper")
+
+    mlp = cmnist_records({"ERM": CMNIST["ERM"]}, "ColoredMNIST", "MLP", 5000)
+    cnn = cmnist_records({"ERM": [[0.5] * 3, [0.5] * 3, [0.20, 0.22, 0.24]]}, "ColoredMNIST", "MNIST_CNN", 5000)
+    claims = [claim("MLP row", 34.27), claim("CNN row", 35.23), claim("MLP again", 34.27),
+              claim("MLP, oracle", 34.27, "oracle")]
+    frame = protocol_frame(claims, Collection(pd.DataFrame(mlp + cnn)))
+    # "MLP again" repeats the first claim's base, paper number and selection, so its rows would repeat them
+    assert frame[["claim", "paper", "featurizer", "selection"]].values.tolist() == [
+        ["MLP row", "34.27", "MLP", "training"], ["MLP row", "34.27", "MNIST_CNN", "training"],
+        ["CNN row", "35.23", "MLP", "training"], ["CNN row", "35.23", "MNIST_CNN", "training"],
+        ["MLP, oracle", "34.27", "MLP", "oracle"], ["MLP, oracle", "34.27", "MNIST_CNN", "oracle"]]
+    cnn_mean = 100 * np.mean([0.20, 0.22, 0.24])
+    assert frame["ours [95% CI]"][3].startswith(f"{cnn_mean:.1f} [")

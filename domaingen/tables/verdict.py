@@ -421,14 +421,17 @@ def protocol_frame(claims: Sequence[Claim], collection: Collection) -> pd.DataFr
     """Per claim, its base algorithm on the claim's dataset and on each `compare` dataset, one row per
     featurizer, protocol and last recorded step, at the claim's held-out environment (or their per-trial
     average); read with the claim's selection, or with `last` where that selection finds nothing (no
-    validation data)."""
+    validation data). Claims that share the base, dataset, held-out environment, selection and paper
+    number share their rows (listed under the first); a claim whose paper number differs (an MLP and a
+    CNN row of one dataset) gets its own, so each row's paper column is the number it is compared with."""
     records = collection.records
     rows = []
     seen = set()
     for claim in claims:
-        if (claim.base, claim.dataset, claim.test_env) in seen or records.empty:
+        key = (claim.base, claim.dataset, claim.test_env, claim.selection, claim.base_mean)
+        if key in seen or records.empty:
             continue
-        seen.add((claim.base, claim.dataset, claim.test_env))
+        seen.add(key)
         for dataset in (claim.dataset, *claim.compare):
             mine = records[(records["dataset"] == dataset) & (records["algorithm"] == claim.base)]
             if mine.empty:
