@@ -159,8 +159,8 @@ def test_views_take_their_own_options_and_refuse_formats_they_cannot_print(sweep
     assert set(_options("tables")) >= {"--paired", "--fields", "--reference", "--selection", "--error", "--bare"}
     assert "--fields" in _options("draws") and "--other" in _options("versus")
     for view in RUN_VIEWS:  # the options every view of runs shares
-        assert set(_options(view)) >= {"--input_dir", "--format", "--output", "--datasets", "--protocol",
-                                       "--allow_mixed_sources"}
+        assert set(_options(view)) >= {"--input_dir", "--format", "--output", "--datasets", "--algorithms",
+                                       "--protocol", "--allow_mixed_sources"}
     for view in ("top-hparams", "trajectories", "draws", "masks-x-domains", "manifest"):
         extra = ["--fields", "x"] if view == "trajectories" else []
         assert "argument --format: invalid choice: 'latex'" in refused(

@@ -458,6 +458,46 @@ def test_collect_datasets_names_what_the_directory_holds_when_a_name_is_absent(t
                                          "(its datasets: ColoredMNIST, RotatedMNIST)")
 
 
+TWO_ALGORITHMS = """
+algorithms = ["ERM", "IRM", "ERM+ModReg"]
+datasets = ["ColoredMNIST"]
+test_envs = [[2]]
+n_hparams = 1
+n_trials = 2
+steps = 4
+checkpoint_freq = 2
+
+[hparams]
+featurizer = "MLP"
+mlp_width = 16
+batch_size = 16
+"""
+
+
+def test_collect_algorithms_keeps_those_runs_as_if_they_were_alone(tmp_path, capsys):
+    import shutil
+
+    spec, out, alone = tmp_path / "spec.toml", tmp_path / "sweep", tmp_path / "alone"
+    spec.write_text(TWO_ALGORITHMS)
+    assert cli(capsys, *launch_args(spec, out))[0] == 0
+    alone.mkdir()
+    for run in out.iterdir():  # IRM's runs alone, by their recorded algorithm: the filter done another way
+        if run.is_dir() and json.loads((run / "args.json").read_text())["algorithm"] == "IRM":
+            shutil.copytree(run, alone / run.name)
+    assert len(list(alone.iterdir())) == 2
+    for view in ([], ["trajectories", "--fields", "env*_out_acc"], ["draws"]):
+        code, part, _ = cli(capsys, "collect", *view, "--input_dir", str(out), "--algorithms", "irm", "--format", "csv")
+        assert code == 0 and part == cli(capsys, "collect", *view, "--input_dir", str(alone), "--format", "csv")[1]
+        assert "IRM" in part and "ERM" not in part  # the exact name: not ERM, nor ERM+ModReg
+    # labelled sources are each narrowed before their rows are labelled
+    code, text, _ = cli(capsys, "collect", "trajectories", "--input_dir", f"A={out}", f"B={alone}",
+                        "--algorithms", "IRM", "--fields", "env*_out_acc", "--format", "csv")
+    assert code == 0 and "IRM (A)" in text and "IRM (B)" in text and "ERM" not in text
+    code, _, err = cli(capsys, "collect", "--input_dir", str(out), "--algorithms", "VREx")
+    assert code == 2 and err.strip() == (f"domaingen: error: --algorithms VREx: no run of VREx in {out} "
+                                         "(its algorithms: ERM, ERM+ModReg, IRM)")
+
+
 THREE_PARTS = """
 algorithms = ["ERM"]
 n_hparams = 1

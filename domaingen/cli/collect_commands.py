@@ -26,7 +26,8 @@ DEFAULT_VIEW = "tables"
 # ---- options shared by several views ----
 
 def _add_input(p: argparse.ArgumentParser, formats: Sequence[str] = ALL_FORMATS, several: bool = False) -> None:
-    """What every view reads and writes: the runs (--input_dir, narrowed by --datasets and --protocol), the output.
+    """What every view reads and writes: the runs (--input_dir, narrowed by --datasets, --algorithms and --protocol),
+    the output.
     With `several`, --input_dir takes several sources, each one's rows labelled."""
     what = ("a sweep directory, a run directory, or a bundle (domaingen export's FILE.zip or its unpacked folder)")
     if several:
@@ -39,6 +40,8 @@ def _add_input(p: argparse.ArgumentParser, formats: Sequence[str] = ALL_FORMATS,
     p.add_argument("--output", default=None, help="write here instead of stdout")
     p.add_argument("--datasets", nargs="+", metavar="DATASET",
                    help="only these datasets' runs (e.g. one part of a sweep whose parts differ in their datasets)")
+    p.add_argument("--algorithms", nargs="+", metavar="ALGORITHM",
+                   help="only these algorithms' runs, by exact name (IRM keeps IRM, not IRM+ModReg)")
     p.add_argument("--protocol", default=None,
                    help="only the runs of this protocol (paired or domainbed); needed when a directory holds "
                         "both: a table never mixes them")

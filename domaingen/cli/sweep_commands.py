@@ -299,9 +299,10 @@ def labelled_sources(sources: Sequence[str]) -> list[tuple[str, str]]:
 
 
 def _collection(sweep_dir: str | Sequence[str], ns: argparse.Namespace):
-    """The records and runs of `sweep_dir` (or of a bundle) as collect tabulates them (with --datasets applied);
+    """The records and runs of `sweep_dir` (or of a bundle) as collect tabulates them (with --datasets and
+    --algorithms applied, to each source before they are labelled);
     several sources are merged, each one's algorithms labelled (`tables.collect.merged`)."""
-    from domaingen.tables.collect import collect, merged, only_datasets
+    from domaingen.tables.collect import collect, merged, only_algorithms, only_datasets
     from domaingen.tables.export import bundle_collection, is_bundle
 
     if not isinstance(sweep_dir, str):
@@ -319,6 +320,8 @@ def _collection(sweep_dir: str | Sequence[str], ns: argparse.Namespace):
         _add_unlaunched_jobs(collection, sweep_dir)
     if getattr(ns, "datasets", None):
         collection = only_datasets(collection, ns.datasets, sweep_dir)
+    if getattr(ns, "algorithms", None):
+        collection = only_algorithms(collection, ns.algorithms, sweep_dir)
     return collection
 
 

@@ -260,22 +260,33 @@ def only_protocol(collection: Collection, protocol: str | None, where: str) -> C
 def only_datasets(collection: Collection, datasets: Sequence[str], where: str) -> Collection:
     """The part of `collection` that belongs to `datasets` (records, runs, failed and incomplete ones);
     a name with no run under `where` is an error that lists the datasets there."""
-    present = sorted({str(d) for d in collection.runs.get("dataset", pd.Series(dtype=object)).dropna()}
-                     | set(collection.records["dataset"].dropna().astype(str)))
+    return _only(collection, "dataset", datasets, where)
+
+
+def only_algorithms(collection: Collection, algorithms: Sequence[str], where: str) -> Collection:
+    """The part of `collection` whose runs train one of `algorithms` (by their exact name, any case: 'IRM'
+    keeps IRM, not IRM+ModReg); a name with no run under `where` is an error that lists the algorithms there."""
+    return _only(collection, "algorithm", algorithms, where)
+
+
+def _only(collection: Collection, column: str, names: Sequence[str], where: str) -> Collection:
+    """The runs of `collection` whose `column` (dataset or algorithm) is one of `names`, any case."""
+    present = sorted({str(d) for d in collection.runs.get(column, pd.Series(dtype=object)).dropna()}
+                     | set(collection.records[column].dropna().astype(str)))
     by_case = {name.casefold(): name for name in present}
-    datasets = [name if name in present else by_case.get(name.casefold(), name) for name in datasets]  # any case
-    unknown = [name for name in datasets if name not in present]
+    names = [name if name in present else by_case.get(name.casefold(), name) for name in names]
+    unknown = [name for name in names if name not in present]
     if unknown:
-        raise DomaingenError(f"--datasets {' '.join(unknown)}: no run of {', '.join(unknown)} in {where} "
-                             f"(its datasets: {', '.join(present)})")
-    wanted = set(datasets)
-    runs = collection.runs[collection.runs["dataset"].isin(wanted)] if len(collection.runs) else collection.runs
+        raise DomaingenError(f"--{column}s {' '.join(unknown)}: no run of {', '.join(unknown)} in {where} "
+                             f"(its {column}s: {', '.join(present)})")
+    wanted = set(names)
+    runs = collection.runs[collection.runs[column].isin(wanted)] if len(collection.runs) else collection.runs
     kept = set(runs["run"]) if len(runs) else set()
-    # fields only the other datasets' runs record (their environments, their layers) go too
-    records = collection.records[collection.records["dataset"].isin(wanted)].dropna(axis=1, how="all")
+    # fields only the other runs record (their environments, their layers) go too
+    records = collection.records[collection.records[column].isin(wanted)].dropna(axis=1, how="all")
     records = records.reset_index(drop=True)
     if records.empty:
-        raise DomaingenError(f"no finished runs of {', '.join(datasets)} in {where} "
+        raise DomaingenError(f"no finished runs of {', '.join(names)} in {where} "
                              f"({len(kept)} runs of them, none done); launch or resume the sweep first")
     return Collection(records, [(run, why) for run, why in collection.failed if run in kept],
                       [run for run in collection.incomplete if run in kept], runs.reset_index(drop=True),
