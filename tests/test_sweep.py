@@ -493,6 +493,11 @@ def test_collect_algorithms_keeps_those_runs_as_if_they_were_alone(tmp_path, cap
     code, text, _ = cli(capsys, "collect", "trajectories", "--input_dir", f"A={out}", f"B={alone}",
                         "--algorithms", "IRM", "--fields", "env*_out_acc", "--format", "csv")
     assert code == 0 and "IRM (A)" in text and "IRM (B)" in text and "ERM" not in text
+    # one source with a label: its rows are labelled, its numbers unchanged
+    fields = ("--fields", "env*_out_acc", "--format", "csv")
+    code, one, _ = cli(capsys, "collect", "trajectories", "--input_dir", f"B={alone}", *fields)
+    plain = cli(capsys, "collect", "trajectories", "--input_dir", str(alone), *fields)[1]
+    assert code == 0 and "IRM (B)" in one and one.replace("IRM (B)", "IRM") == plain
     code, _, err = cli(capsys, "collect", "--input_dir", str(out), "--algorithms", "VREx")
     assert code == 2 and err.strip() == (f"domaingen: error: --algorithms VREx: no run of VREx in {out} "
                                          "(its algorithms: ERM, ERM+ModReg, IRM)")

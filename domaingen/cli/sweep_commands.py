@@ -307,7 +307,9 @@ def _collection(sweep_dir: str | Sequence[str], ns: argparse.Namespace):
 
     if not isinstance(sweep_dir, str):
         if len(sweep_dir) == 1:
-            return _collection(sweep_dir[0], ns)
+            (label, path), = labelled_sources(sweep_dir)
+            # one source: its rows are labelled only when LABEL= was given
+            return _collection(path, ns) if path == sweep_dir[0] else merged([(label, _collection(path, ns))])
         parts = [(label, _collection(path, ns)) for label, path in labelled_sources(sweep_dir)]
         return merged(parts)
     if is_bundle(sweep_dir):
