@@ -447,3 +447,48 @@ def test_domainbed_mnist_spec_is_domainbeds_sweep_of_every_shared_algorithm():
             for j in jobs} == {("domainbed", 5001, 100, "{}")}
     run = resolve(TrainConfig(**{k: v for k, v in jobs[0].args.items() if k != "plugins"}, output_dir="unused"))
     assert run.hparams["featurizer"] == "auto"  # MNIST_CNN for 28x28 digits
+
+
+def _domainbed_stream(seed: int, n_images: int, n_envs: int, n_test_envs: int) -> None:
+    """DomainBed's train.py, by hand: seed once, shuffle every image (RotatedMNIST draws nothing more), then two
+    int64 draws for each DataLoader: the training environments' in splits and every in and out split."""
+    torch.manual_seed(seed)
+    torch.randperm(n_images)
+    for _ in range(2 * ((n_envs - n_test_envs) + 2 * n_envs)):
+        torch.empty((), dtype=torch.int64).random_()
+
+
+def test_seed_as_domainbed_leaves_the_generator_where_domainbeds_train_py_has_it():
+    seed = 65502407
+    dataset = DATASETS.get("RotatedMNIST").built_as_domainbed(seed)("embedded", [0], {})
+    n_images = sum(len(env) for env in dataset.environments)
+    P.seed_as_domainbed(seed, dataset, 6, 1)
+    got = torch.get_rng_state()
+    _domainbed_stream(seed, n_images, 6, 1)
+    assert torch.equal(got, torch.get_rng_state())
+    # a dataset whose build draws nothing from DomainBed's generator (an image folder): seed, then the loaders
+    P.seed_as_domainbed(seed, PACS.__new__(PACS), 4, 1)
+    got = torch.get_rng_state()
+    torch.manual_seed(seed)
+    torch.empty((2 * (3 + 8),), dtype=torch.int64).random_()  # one draw of 22 consumes as 22 draws of one
+    assert torch.equal(got, torch.get_rng_state())
+
+
+def test_a_domainbed_run_starts_from_domainbeds_weights_and_a_paired_run_from_its_seed(tmp_path):
+    common = dict(dataset="RotatedMNIST", algorithm="ERM", test_envs=[0], data_dir="embedded", steps=1,
+                  hparams={**FAST_HPARAMS, "lr": 0.0})
+    for protocol in ("domainbed", "paired"):
+        out = tmp_path / protocol
+        assert main(["-q", "train", "--dataset", "RotatedMNIST", "--algorithm", "ERM", "--test_envs", "0",
+                     "--data_dir", "embedded", "--steps", "1", "--protocol", protocol,
+                     "--hparams", json.dumps(common["hparams"]), "--output_dir", str(out)]) == 0
+        saved = torch.load(out / "checkpoint.pt", weights_only=False)["algorithm"]["model"]
+        run = resolve(TrainConfig(**common, protocol=protocol, output_dir=str(out)))
+        dataset = run.dataset_cls("embedded", [0], run.hparams)
+        if protocol == "domainbed":
+            _domainbed_stream(run.settings.seed, sum(len(env) for env in dataset.environments), 6, 1)
+        else:
+            torch.manual_seed(run.settings.seed)
+        expected = run.algorithm_cls(dataset.input_shape, dataset.num_classes, 5, run.hparams).state_dict()
+        weights = [k for k in expected if k.startswith("network.")]
+        assert weights and all(torch.equal(saved[k], expected[k]) for k in weights)

@@ -66,6 +66,9 @@ class MultiDomainDataset:
         self.data_source = "unknown"
         # the step of the checkpoint being evaluated (the training loop sets it before each evaluation)
         self.eval_round = 0
+        # under DOMAINBED_SEED: the state DomainBed's global generator is left in by building this
+        # dataset (None where DomainBed's dataset draws nothing from it, as for image folders)
+        self.domainbed_rng_state: torch.Tensor | None = None
 
     @classmethod
     def built_as_domainbed(cls, seed: int) -> type["MultiDomainDataset"]:

@@ -201,6 +201,8 @@ class MNISTDomains(MultiDomainDataset):
             if as_domainbed:
                 env.divisor = 255.0
             self.environments.append(env)
+        if as_domainbed:
+            self.domainbed_rng_state = shared.get_state()
 
     def make_environment(
         self, images: torch.Tensor, labels: torch.Tensor, env_index: int, generator: torch.Generator

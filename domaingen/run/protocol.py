@@ -25,6 +25,9 @@ bars measure what changes between trials: splits, weights and minibatches.
 - datasets are built as DomainBed builds them from that seed (`DOMAINBED_SEED` on the
   dataset class): MNIST environments are reshuffled, coloured and rotated per run; image
   datasets evaluate the splits of training environments through the training augmentation;
+- the network's initial weights are DomainBed's: torch's global generator is where DomainBed's
+  `train.py` leaves it when it builds the network (`seed_as_domainbed`), after the dataset's
+  draws and its DataLoaders', so a run seed gives DomainBed's weights bit for bit;
 - everything else (splits, selection, error bars, checkpoints, resume) as in `paired`.
 
 The domainbed protocol is defined only for the algorithms and datasets DomainBed has;
@@ -37,6 +40,7 @@ import hashlib
 from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
+import torch
 
 from domaingen.errors import DomaingenError
 from domaingen.hparams import HParam, HParamError
@@ -183,3 +187,30 @@ def draw_domainbed_hparams(space: Mapping[str, HParam], algorithm: str, algorith
         else:
             values[name] = DEFAULTS.get((algorithm, name), hp.default)
     return values
+
+
+# DomainBed's train.py builds, before the network, a DataLoader for each training environment's in
+# split and one for each split it evaluates (in and out of every environment), all with worker
+# processes. Each draws two int64s from torch's global generator as it is built: its iterator's base
+# seed, and its RandomSampler's seed when the iterator prefetches.
+DOMAINBED_DRAWS_PER_LOADER = 2
+
+
+def seed_as_domainbed(seed: int, dataset: Any, n_envs: int, n_test_envs: int) -> None:
+    """Put torch's global generator where DomainBed's train.py has it when it builds the network.
+
+    DomainBed seeds the generator once with the run's seed, builds the dataset from it (MNIST
+    datasets shuffle and colour from it: `dataset.domainbed_rng_state` is the state that leaves),
+    then its loaders draw (`DOMAINBED_DRAWS_PER_LOADER` each), and only then are the weights drawn.
+    Seeding just before the network instead would draw the weights from the very numbers that
+    shuffled the environments. Class-balanced sampling (DomainBed's `class_balanced`) draws
+    otherwise; domaingen has no such option.
+    """
+    state = getattr(dataset, "domainbed_rng_state", None)
+    if state is not None:
+        torch.set_rng_state(state)
+    else:
+        torch.manual_seed(seed)
+    loaders = (n_envs - n_test_envs) + 2 * n_envs
+    for _ in range(DOMAINBED_DRAWS_PER_LOADER * loaders):
+        torch.empty((), dtype=torch.int64).random_()

@@ -63,6 +63,7 @@ from domaingen.run.protocol import (
     default_protocol,
     domainbed_run_seed,
     draw_domainbed_hparams,
+    seed_as_domainbed,
 )
 from domaingen.run.rundir import DONE_STATE, FAILED_STATE, INCOMPLETE, LOG, RunDirectory, to_json
 from domaingen.run.runlock import RunLockedError, run_lock
@@ -611,7 +612,10 @@ def _train_loop(
         )
     if settings.shared_init:  # first, before this run's seed: the probe seeds itself
         initial, run.shared_init_id = shared_initialisation(run, dataset_cache)
-    torch.manual_seed(settings.seed)
+    if settings.protocol == DOMAINBED:
+        seed_as_domainbed(settings.seed, dataset, len(dataset.environments), len(run.test_envs))
+    else:
+        torch.manual_seed(settings.seed)
     splits = _run_splits(run, dataset, dataset_cache)
     train_splits = [s_in for i, (s_in, _) in enumerate(splits) if i not in run.test_envs]
     algorithm = run.algorithm_cls(dataset.input_shape, dataset.num_classes, len(train_splits), hparams)
