@@ -234,7 +234,8 @@ def stable(records):
 
 
 def test_erm_trains_and_evaluates_end_to_end(data_dir, tmp_path):
-    cfg = config(tmp_path / "run", data_dir)
+    # paired: every split evaluated with the plain transform, as the direct computation below reads them
+    cfg = config(tmp_path / "run", data_dir, protocol="paired")
     outcome = train(cfg)
     assert outcome.state == "done"
     records = RunDirectory(tmp_path / "run").records()

@@ -9,6 +9,7 @@ from conftest import FAST_HPARAMS
 from domaingen.algorithms import ALGORITHMS
 from domaingen.datasets import DATASETS
 from domaingen.errors import DomaingenError
+from domaingen.run.protocol import seed_as_domainbed
 from domaingen.run.rundir import RunDirectory
 from domaingen.run.shared_init import PROBE_DIR, state_id
 from domaingen.run.training import TrainConfig, resolve, train
@@ -35,9 +36,10 @@ def test_every_draw_of_a_trial_starts_from_its_one_linear_probe(tmp_path):
     weights = probe.load_checkpoint()["algorithm"]["model"]
     recorded = {r["shared_init_id"] for h in (1, 2) for r in RunDirectory(tmp_path / f"draw{h}").records()}
     assert recorded == {state_id(weights)}
-    # the probe trained the classifier alone: its featurizer is the one its seed built
-    torch.manual_seed(args["seed"])
+    # the probe trained the classifier alone: its featurizer is the one its seed built, where DomainBed draws it
+    assert args["protocol"] == "domainbed"
     dataset = DATASETS.get("ColoredMNIST")
+    seed_as_domainbed(args["seed"], dataset.built_as_domainbed(args["seed"])("embedded", [0], {}), 3, 1)
     fresh = ALGORITHMS.get("ERM")(dataset.INPUT_SHAPE, dataset.NUM_CLASSES, 2, probe.records()[0]["hparams"])
     for name, value in fresh.state_dict().items():
         assert torch.equal(value, weights[name]) == name.startswith(("featurizer.", "network.0.")), name
