@@ -198,6 +198,11 @@ def seed_hash(*parts: Any) -> int:
     return int(digest[:8], 16) & 0x7FFFFFFF
 
 
+def domainbed_seed_hash(*parts: Any) -> int:
+    """DomainBed's seed from values (its `misc.seed_hash`): the MD5 of the tuple's Python repr, modulo 2**31."""
+    return int(hashlib.md5(str(tuple(parts)).encode("utf-8")).hexdigest(), 16) % (2**31)
+
+
 def draw_hparams(space: Mapping[str, HParam], dataset: str, hparams_seed: int) -> dict[str, Any]:
     """The hyperparameters of one run: defaults for seed 0, else one random draw.
 

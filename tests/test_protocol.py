@@ -19,7 +19,7 @@ import torch
 from conftest import FAST_HPARAMS
 from domaingen.algorithms import ALGORITHMS
 from domaingen.cli.main import main
-from domaingen.datasets import DATASETS
+from domaingen.datasets import DATASETS, in_domain_test_splits, split_environments
 from domaingen.datasets.images import PACS
 from domaingen.hparams import HParam, choice, draw_hparams, run_space, seed_hash
 from domaingen.run import protocol as P
@@ -492,3 +492,56 @@ def test_a_domainbed_run_starts_from_domainbeds_weights_and_a_paired_run_from_it
         expected = run.algorithm_cls(dataset.input_shape, dataset.num_classes, 5, run.hparams).state_dict()
         weights = [k for k in expected if k.startswith("network.")]
         assert weights and all(torch.equal(saved[k], expected[k]) for k in weights)
+
+
+class _Sized:
+    """An environment of n examples, for splitting."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+
+class _Environments:
+    def __init__(self, sizes, domainbed_seed=None):
+        self.environments = [_Sized(n) for n in sizes]
+        self.DOMAINBED_SEED = domainbed_seed
+
+
+def _domainbed_split_dataset(keys, n_first, seed):
+    # DomainBed's misc.split_dataset, by hand: shuffle the positions, the first n_first are the first split
+    order = list(range(len(keys)))
+    np.random.RandomState(seed).shuffle(order)
+    return [keys[k] for k in order[:n_first]], [keys[k] for k in order[n_first:]]
+
+
+def test_a_domainbed_dataset_is_split_as_domainbeds_train_py_splits_it():
+    sizes, trial_seed, test_envs = [101, 57, 80], 3, [1]
+    got = split_environments(_Environments(sizes, domainbed_seed=5), 0.2, trial_seed, test_envs=test_envs)
+    for i, (n, (split_in, split_out)) in enumerate(zip(sizes, got)):
+        seed = int(hashlib.md5(str((trial_seed, i)).encode()).hexdigest(), 16) % 2**31
+        out, in_ = _domainbed_split_dataset(list(range(n)), int(n * 0.2), seed)
+        if i in test_envs:  # its second split (the unlabelled part, empty at uda_holdout_fraction 0) reorders it
+            _, in_ = _domainbed_split_dataset(in_, 0, seed)
+        assert split_out.index.tolist() == out and split_in.index.tolist() == in_
+    # the paired protocol's split is a different permutation of the same examples
+    paired = split_environments(_Environments(sizes), 0.2, trial_seed, test_envs=test_envs)
+    assert sorted(paired[0][1].index.tolist()) != sorted(got[0][1].index.tolist())
+    # an in-domain test split takes the next positions of DomainBed's in split; out stays DomainBed's
+    three = split_environments(_Environments(sizes, domainbed_seed=5), 0.2, trial_seed, 0.1, test_envs)
+    idtest = in_domain_test_splits(_Environments(sizes, domainbed_seed=5), 0.2, trial_seed, 0.1, test_envs)
+    assert three[0][1].index.tolist() == got[0][1].index.tolist()
+    assert idtest[0].index.tolist() + three[0][0].index.tolist() == got[0][0].index.tolist()
+    assert len(idtest[0]) == 10 and idtest[1] is None and three[1][0].index.tolist() == got[1][0].index.tolist()
+
+
+def test_rotated_mnist_trial_1_is_split_as_domainbeds():
+    # the first and last keys of the in splits of DomainBed's train.py (trial_seed 1, test env 0), read from its loaders
+    expected = {1: ([6408, 9587, 6526, 9473], [512, 8827]), 4: ([4060, 226, 3413, 6096], [2565, 5799])}
+    splits = split_environments(_Environments([11667, 11667, 11667, 11667, 11666, 11666], 65502407), 0.2, 1,
+                                test_envs=[0])
+    for env, (first, last) in expected.items():
+        index = splits[env][0].index.tolist()
+        assert (index[:4], index[-2:]) == (first, last) and len(index) == 11667 - 2333 - (env >= 4)

@@ -43,7 +43,7 @@ from typing import Any, Callable, Hashable, Iterator, Mapping, Sequence, TypeVar
 import torch
 
 from domaingen.datasets.base import EMBEDDED, Environment, MultiDomainDataset
-from domaingen.datasets.splits import Split, split_environments
+from domaingen.datasets.splits import Split, built_as_domainbed, split_environments
 
 log = logging.getLogger(__name__)
 
@@ -229,9 +229,11 @@ class DatasetCache:
         entry = self._entry_of(dataset)
         if entry is None:
             return split_environments(dataset, holdout_fraction, trial_seed, in_domain_test, test_envs)
-        # the training environments' in splits depend on which are held out only with an in-domain test split
-        held_out = tuple(sorted(test_envs)) if in_domain_test else ()
-        key = (int(trial_seed), float(holdout_fraction), float(in_domain_test or 0.0), held_out)
+        # the in splits depend on which environments are held out only with an in-domain test split, or
+        # under DomainBed's split, which reorders a held-out environment's in split
+        domainbed = built_as_domainbed(dataset)
+        held_out = tuple(sorted(test_envs)) if in_domain_test or domainbed else ()
+        key = (int(trial_seed), float(holdout_fraction), float(in_domain_test or 0.0), held_out, domainbed)
         if key not in entry.splits:
             entry.splits[key] = split_environments(dataset, holdout_fraction, trial_seed, in_domain_test, test_envs)
             entry.nbytes += _split_bytes(entry.splits[key])

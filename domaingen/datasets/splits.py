@@ -4,6 +4,11 @@ Each environment is split once into `out` (holdout_fraction, validation) and
 `in` (the rest, training or reported test accuracy), seeded by
 (trial_seed, environment index), so trials differ and runs of one trial agree.
 
+Under the domainbed protocol (a dataset built with `DOMAINBED_SEED`) the permutation is
+DomainBed's own (`misc.split_dataset` in its train.py): numpy's RandomState seeded by DomainBed's
+hash of (trial_seed, environment index) shuffles the environment, so every split holds DomainBed's
+examples in DomainBed's order.
+
 With `in_domain_test` f (off by default, `--in_domain_test`), each *training*
 environment is split three ways by the same seeded permutation: `out` is exactly the
 validation split it would be without f, the next int(n * f) examples are the
@@ -17,11 +22,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol, Sequence
 
+import numpy as np
 import torch
 
 from domaingen.datasets.environment import Environment
 from domaingen.errors import DomaingenError
-from domaingen.hparams import seed_hash
+from domaingen.hparams import domainbed_seed_hash, seed_hash
 
 
 class HasEnvironments(Protocol):
@@ -45,10 +51,14 @@ class Split:
         return self.env.batch(self.index[positions])
 
 
-def split_indices(n: int, holdout_fraction: float, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(in, out) index tensors of a seeded permutation; out holds int(n * holdout_fraction)."""
+def _check_holdout(holdout_fraction: float) -> None:
     if not 0.0 <= holdout_fraction < 1.0:
         raise ValueError(f"holdout_fraction must be in [0, 1), got {holdout_fraction}")
+
+
+def split_indices(n: int, holdout_fraction: float, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(in, out) index tensors of a seeded permutation; out holds int(n * holdout_fraction)."""
+    _check_holdout(holdout_fraction)
     order = torch.randperm(n, generator=torch.Generator().manual_seed(seed))
     n_out = int(n * holdout_fraction)
     return order[n_out:], order[:n_out]
@@ -64,6 +74,48 @@ def three_way_indices(
     return in_idx[n_test:], out_idx, in_idx[:n_test]
 
 
+def _domainbed_order(n: int, seed: int) -> torch.Tensor:
+    # numpy's legacy permutation draws what DomainBed's RandomState(seed).shuffle(list(range(n))) does
+    return torch.from_numpy(np.random.RandomState(seed).permutation(n).astype(np.int64))
+
+
+def domainbed_three_way_indices(
+    n: int, holdout_fraction: float, in_domain_test: float, trial_seed: int, env_index: int, held_out: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(in, out, idtest) index tensors of DomainBed's split of environment `env_index` (n examples).
+
+    `out` and `in` are DomainBed's (`misc.split_dataset` seeded by its hash of (trial_seed, env_index)),
+    in its order; `idtest` takes the next int(n * in_domain_test) positions, as `three_way_indices`
+    does. A `held_out` environment's in split is reordered as DomainBed's second split (its
+    unlabelled part, empty at its default uda_holdout_fraction 0) reorders it: same examples.
+    """
+    _check_holdout(holdout_fraction)
+    seed = domainbed_seed_hash(int(trial_seed), int(env_index))
+    order = _domainbed_order(n, seed)
+    n_out, n_test = int(n * holdout_fraction), int(n * in_domain_test)
+    out_idx, in_idx = order[:n_out], order[n_out:]
+    if held_out:
+        in_idx = in_idx[_domainbed_order(len(in_idx), seed)]
+    return in_idx[n_test:], out_idx, in_idx[:n_test]
+
+
+def built_as_domainbed(dataset: HasEnvironments) -> bool:
+    """Whether `dataset` was built as DomainBed's run builds it (the domainbed protocol), which splits it as DomainBed does."""
+    return getattr(dataset, "DOMAINBED_SEED", None) is not None
+
+
+def environment_indices(
+    dataset: HasEnvironments, env_index: int, holdout_fraction: float, in_domain_test: float, trial_seed: int,
+    held_out: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(in, out, idtest) index tensors of one environment of `dataset`: DomainBed's split under the
+    domainbed protocol, else the permutation seeded by seed_hash(trial_seed, env_index)."""
+    n = len(dataset.environments[env_index])
+    if built_as_domainbed(dataset):
+        return domainbed_three_way_indices(n, holdout_fraction, in_domain_test, trial_seed, env_index, held_out)
+    return three_way_indices(n, holdout_fraction, in_domain_test, seed_hash(trial_seed, env_index))
+
+
 def split_environments(
     dataset: HasEnvironments, holdout_fraction: float, trial_seed: int,
     in_domain_test: float | None = None, test_envs: Sequence[int] = (),
@@ -76,7 +128,7 @@ def split_environments(
     splits = []
     for i, env in enumerate(dataset.environments):
         fraction = in_domain_test if in_domain_test and i not in test_envs else 0.0
-        in_idx, out_idx, _ = three_way_indices(len(env), holdout_fraction, fraction, seed_hash(trial_seed, i))
+        in_idx, out_idx, _ = environment_indices(dataset, i, holdout_fraction, fraction, trial_seed, i in test_envs)
         splits.append((Split(env, in_idx), Split(env, out_idx)))
     return splits
 
@@ -90,7 +142,7 @@ def in_domain_test_splits(
         return [None] * len(dataset.environments)
     return [
         None if i in test_envs
-        else Split(env, three_way_indices(len(env), holdout_fraction, in_domain_test, seed_hash(trial_seed, i))[2])
+        else Split(env, environment_indices(dataset, i, holdout_fraction, in_domain_test, trial_seed, False)[2])
         for i, env in enumerate(dataset.environments)
     ]
 

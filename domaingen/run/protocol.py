@@ -28,7 +28,14 @@ bars measure what changes between trials: splits, weights and minibatches.
 - the network's initial weights are DomainBed's: torch's global generator is where DomainBed's
   `train.py` leaves it when it builds the network (`seed_as_domainbed`), after the dataset's
   draws and its DataLoaders', so a run seed gives DomainBed's weights bit for bit;
-- everything else (splits, selection, error bars, checkpoints, resume) as in `paired`.
+- the in/out splits are DomainBed's (`misc.split_dataset`, seeded by its hash of (trial_seed,
+  environment)): the same examples in the same order, so a run trains, validates and tests on
+  DomainBed's examples (`domaingen.datasets.splits`);
+- the minibatches are drawn as DomainBed's loaders draw them, uniformly with replacement from each
+  training split, but from domaingen's own generators: DomainBed's sequence also depends on when its
+  loader workers prefetch and its evaluation loaders reseed torch's global generator, which is not
+  reproduced;
+- everything else (selection, error bars, checkpoints, resume) as in `paired`.
 
 The domainbed protocol is defined only for the algorithms and datasets DomainBed has;
 any other is refused before a run writes anything (run it under `paired`).
@@ -36,14 +43,13 @@ any other is refused before a run writes anything (run it under `paired`).
 
 from __future__ import annotations
 
-import hashlib
 from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 import torch
 
 from domaingen.errors import DomaingenError
-from domaingen.hparams import HParam, HParamError
+from domaingen.hparams import HParam, HParamError, domainbed_seed_hash
 
 PAIRED = "paired"
 DOMAINBED = "domainbed"
@@ -150,11 +156,6 @@ def default_protocol(problems: Iterable[tuple[str, str]]) -> str:
     (algorithm, dataset) of the run or sweep, else paired (one protocol per sweep directory)."""
     problems = list(problems)
     return DOMAINBED if problems and all(covered_by_domainbed(a, d) for a, d in problems) else PAIRED
-
-
-def domainbed_seed_hash(*parts: Any) -> int:
-    """DomainBed's seed from values: the MD5 of the tuple's Python repr, modulo 2**31."""
-    return int(hashlib.md5(str(tuple(parts)).encode("utf-8")).hexdigest(), 16) % (2**31)
 
 
 def domainbed_run_seed(dataset: str, algorithm: str, test_envs: Sequence[int], hparams_seed: int,
