@@ -34,7 +34,9 @@ bars measure what changes between trials: splits, weights and minibatches.
 - the minibatches are drawn as DomainBed's loaders draw them, uniformly with replacement from each
   training split, but from domaingen's own generators: DomainBed's sequence also depends on when its
   loader workers prefetch and its evaluation loaders reseed torch's global generator, which is not
-  reproduced;
+  reproduced. Image models also run channels-last where DomainBed's are contiguous, which changes
+  results only by rounding (results/irm_rmnist_cnn_domainbed.md measures both: fed DomainBed's
+  minibatches and kept contiguous, a run records DomainBed's accuracies digit for digit);
 - everything else (selection, error bars, checkpoints, resume) as in `paired`.
 
 The domainbed protocol is defined only for the algorithms and datasets DomainBed has;
