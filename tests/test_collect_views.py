@@ -7,6 +7,7 @@ import argparse
 import io
 import json
 import shlex
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -207,6 +208,22 @@ def test_training_accuracy_and_collapse_are_derived_from_each_record(tmp_path):
     assert fit == {"train_acc": 0.98, "train_collapsed": 0.0}
     assert "train_collapsed" not in training_accuracy(record, (2,), "NoSuchDataset")
     assert training_accuracy({"env0_out_acc": 0.5}, (1,), "ColoredMNIST") == {}
+
+
+def test_top_hparams_under_last_shows_no_validation_accuracy(sweeps, capsys):
+    """`last` validates nothing: its rows leave val acc empty (not selection's 0 placeholder), and each
+    row's test acc is the run's final record's held-out `in` accuracy, read here from results.jsonl."""
+    out = stdout_of(capsys, "top-hparams", "--input_dir", sweeps["sweep"], "--format", "csv", "--selection", "last")
+    frame = pd.read_csv(io.StringIO(out))
+    assert len(frame) > 0 and frame["val_acc"].isna().all()
+    for row in frame.itertuples():
+        lines = (Path(sweeps["sweep"]) / row.run / "results.jsonl").read_text().splitlines()
+        final = max((json.loads(line) for line in lines), key=lambda r: r["step"])
+        assert row.step == final["step"]
+        assert row.test_acc == pytest.approx(final[f"env{row.test_env}_in_acc"])
+    markdown = stdout_of(capsys, "top-hparams", "--input_dir", sweeps["sweep"], "--selection", "last")
+    first_row = next(line for line in markdown.splitlines() if line.startswith("| ") and "test env" not in line)
+    assert [cell.strip() for cell in first_row.strip("|").split("|")][4] == "-"
 
 
 def test_top_hparams_fields_are_the_selected_checkpoints(sweeps, capsys):

@@ -29,7 +29,8 @@ COLUMNS = ["selection", "hparams_choice", "dataset", "algorithm", "test_env", "t
 def selected_runs(collection: Collection, methods: Sequence[str], hparams_choice: str = "per_trial",
                   fields: Sequence[str] = ()) -> pd.DataFrame:
     """One row per selection method and selected (dataset, algorithm, test_env, trial_seed): COLUMNS, then
-    the record fields matching the globs `fields` at the selected checkpoint (NaN where not recorded)."""
+    the record fields matching the globs `fields` at the selected checkpoint (NaN where not recorded).
+    val_acc is NaN under a method that validates nothing (``last``)."""
     records = table_records(collection)
     names = matching_fields(collection.records, fields) if fields else []
     parts = []
@@ -37,6 +38,9 @@ def selected_runs(collection: Collection, methods: Sequence[str], hparams_choice
         chosen = select(records, method, hparams_choice)
         if chosen.empty:
             continue
+        if not selection_method(method).searches_hparams:
+            # a method that searches nothing validates nothing: its val_acc is selection's tie placeholder
+            chosen = chosen.assign(val_acc=float("nan"))
         parts.append(chosen.assign(selection=method, hparams_choice=hparams_choice))
     if not parts:
         return pd.DataFrame(columns=COLUMNS + names)
