@@ -50,6 +50,29 @@ def tables_part(text: str) -> str:
     return text.split("± = ")[0]
 
 
+def test_a_bundle_of_all_runs_says_it_holds_every_run_directory(sweep, tmp_path, capsys):
+    """--all_runs bundles every run directory's records, an incomplete one included: the message and the
+    README count the directories (12, one of them made incomplete here) apart from those selection chose."""
+    copy = tmp_path / "sweep"
+    shutil.copytree(sweep, copy)
+    unfinished = sorted(p for p in copy.iterdir() if (p / "done").is_file())[0]
+    for name in ("done", "final.json"):
+        (unfinished / name).unlink(missing_ok=True)
+    code, out, _ = run(capsys, "export", "--input_dir", str(copy), "--output", str(tmp_path / "all.zip"),
+                       "--all_runs", "--no_weights")
+    with zipfile.ZipFile(tmp_path / "all.zip") as zf:
+        info = json.loads(zf.read("all/bundle.json"))
+        readme = zf.read("all/README.md").decode()
+    n_dirs = len({arc.split("/")[1] for arc in info["files"] if arc.startswith("runs/")})
+    assert code == 0 and n_dirs == 12 and unfinished.name in {a.split("/")[1] for a in info["files"] if "/" in a}
+    chosen = len(info["bundled"])
+    assert out.startswith(f"wrote {tmp_path / 'all.zip'}: the records of all 12 runs (11 done), {chosen} of them "
+                          "selected by ")
+    assert ("Every run of the sweep `sweep` (12 run directories, 11 of them done), with its\narguments, manifest"
+            in readme)
+    assert f"selected {chosen} of the done runs (no weights: exported with --no_weights)." in readme
+
+
 def test_a_bundle_reprints_the_tables_and_evaluates_after_the_sweep_is_deleted(sweep, tmp_path, capsys):
     copy = tmp_path / "sweep"
     shutil.copytree(sweep, copy)
@@ -80,6 +103,9 @@ def test_a_bundle_reprints_the_tables_and_evaluates_after_the_sweep_is_deleted(s
     assert info["format"] == 2 and "sweep.json" in records
     selected = {r for runs in cells["runs"].dropna() for r in str(runs).split(";")}
     assert selected <= set(info["bundled"]) and len(info["bundled"]) < 12
+    assert out.startswith(f"wrote {tmp_path / 'b.zip'}: {len(info['bundled'])} of 12 done runs, selected by ")
+    readme = (tmp_path / "unpacked" / "b" / "README.md").read_text()
+    assert f"(hparams chosen per trial): {len(info['bundled'])} of its 12 done runs, with their" in readme
     # leave-one-domain-out's cells come with the pair runs {t, v} of the draw each chose
     loo = cells[(cells["selection"] == "loo") & (cells["table"] == "test") & ~cells["column"].str.startswith("Avg")]
     envs = {"+90%": 0, "+80%": 1, "-90%": 2}

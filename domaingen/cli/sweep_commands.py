@@ -328,7 +328,7 @@ def _collection(sweep_dir: str | Sequence[str], ns: argparse.Namespace):
 
 
 def export_command(ns: argparse.Namespace) -> int:
-    from domaingen.tables.export import export_bundle, is_bundle
+    from domaingen.tables.export import bundled_run_dirs, export_bundle, is_bundle
     from domaingen.tables.reporting import build_tables, to_markdown
     from domaingen.tables.selection import check_hparams_choice
 
@@ -342,7 +342,10 @@ def export_command(ns: argparse.Namespace) -> int:
                          weights=not ns.no_weights, backs=ns.backs, all_runs=ns.all_runs,
                          records=ns.records)
     size = Path(ns.output).stat().st_size / 2**20
-    print(f"wrote {ns.output}: {len(info['bundled'])} of {info['done_runs']} done runs, selected by "
+    held = (f"the records of all {bundled_run_dirs(info)} runs ({info['done_runs']} done), "
+            f"{len(info['bundled'])} of them" if info["all_runs"] else
+            f"{len(info['bundled'])} of {info['done_runs']} done runs,")
+    print(f"wrote {ns.output}: {held} selected by "
           f"{', '.join(methods)}{'' if info['weights'] else ', without weights'} ({size:.1f} MB)")
     return 0
 

@@ -68,9 +68,7 @@ SWEEP_FILE = "sweep.json"  # the sweep's recorded spec (sweep.spec.SPEC_FILE; ta
 
 README = """# {name}: a domaingen bundle
 
-The runs that `domaingen collect` selected from the sweep `{source}` with {methods}
-(hparams chosen {choice}): {n_runs} of its {done_runs} done runs, with their arguments,
-manifests (code, library and device versions), records and logs{weights_note}.
+{intro}
 `tables.md` holds the tables as collect printed them from the whole sweep.
 
 Reprint them from this bundle (the zip or this folder):
@@ -150,6 +148,19 @@ def _runs_table(collection: Collection) -> list[dict[str, Any]]:
     return rows
 
 
+INTRO_SELECTED = """The runs that `domaingen collect` selected from the sweep `{source}` with {methods}
+(hparams chosen {choice}): {n_runs} of its {done_runs} done runs, with their arguments,
+manifests (code, library and device versions), records and logs{weights_note}."""
+INTRO_ALL_RUNS = """Every run of the sweep `{source}` ({n_dirs} run directories, {done_runs} of them done), with its
+arguments, manifest (code, library and device versions), records and log; `domaingen collect` with
+{methods} (hparams chosen {choice}) selected {n_runs} of the done runs{weights_note}."""
+
+
+def bundled_run_dirs(info: dict[str, Any]) -> int:
+    """How many run directories a bundle's bundle.json lists files of."""
+    return len({arc.split("/")[1] for arc in info["files"] if arc.startswith(f"{RUNS}/")})
+
+
 RECORDS_NOTE = """The records (arguments, manifests, results, logs) are in `records.tar.xz`, compressed
 together; unpack them beside the weights to evaluate a run from the folder:
 
@@ -171,6 +182,18 @@ def _solid_records(members: dict[str, Path]) -> bytes:
         for arc, path in sorted(members.items()):
             tar.add(path, arcname=arc, recursive=False, filter=anonymous)
     return buffer.getvalue()
+
+
+def _intro(info: dict[str, Any], methods: Sequence[str], hparams_choice: str, n_chosen: int, n_dirs: int) -> str:
+    """The README's first paragraph: which runs' records the bundle holds (every run's under --all_runs)."""
+    fields = dict(source=info["source"], methods=", ".join(methods), choice=hparams_choice.replace("_", " "),
+                  n_runs=n_chosen, done_runs=info["done_runs"], n_dirs=n_dirs)
+    if not info["weights"]:
+        return (INTRO_ALL_RUNS if info["all_runs"] else INTRO_SELECTED).format(
+            weights_note=" (no weights: exported with --no_weights)", **fields)
+    if info["all_runs"]:
+        return INTRO_ALL_RUNS.format(weights_note=", whose selected weights are here too", **fields)
+    return INTRO_SELECTED.format(weights_note=", and their selected weights", **fields)
 
 
 def export_bundle(input_dir: str | os.PathLike, output: str | os.PathLike, collection: Collection,
@@ -234,9 +257,7 @@ def export_bundle(input_dir: str | os.PathLike, output: str | os.PathLike, colle
     texts = {
         "tables.md": tables_text,
         "README.md": README.format(
-            name=name, source=info["source"], methods=", ".join(methods), choice=hparams_choice.replace("_", " "),
-            n_runs=len(chosen), done_runs=info["done_runs"],
-            weights_note=", and their selected weights" if weights else " (no weights: exported with --no_weights)",
+            name=name, intro=_intro(info, methods, hparams_choice, len(chosen), len(runs)),
             records_note=RECORDS_NOTE.format(name=name) if records == "solid" else ""),
     }
     info["files"] = {arc: _sha256(path) for arc, path in members.items()}
