@@ -7,6 +7,7 @@ import argparse
 import io
 import json
 import shlex
+import shutil
 from pathlib import Path
 
 import pandas as pd
@@ -208,6 +209,31 @@ def test_training_accuracy_and_collapse_are_derived_from_each_record(tmp_path):
     assert fit == {"train_acc": 0.98, "train_collapsed": 0.0}
     assert "train_collapsed" not in training_accuracy(record, (2,), "NoSuchDataset")
     assert training_accuracy({"env0_out_acc": 0.5}, (1,), "ColoredMNIST") == {}
+
+
+def test_top_hparams_split_by_lists_the_run_behind_each_grid_points_cell(sweeps, tmp_path, capsys):
+    """--split_by gives each grid point its own table, as `collect tables --split_by` gives it a row: here
+    ERM+ModReg's trial 0 ran at scale 0.1 and trial 1 at 0.3, so each point's table names the one run
+    whose held-out accuracy is that point's cell."""
+    copy = tmp_path / "sweep"
+    shutil.copytree(sweeps["sweep"], copy)
+    for trial, scale in ((0, 0.1), (1, 0.3)):
+        results = copy / f"ERM+ModReg_{trial}" / "results.jsonl"
+        lines = [json.loads(line) for line in results.read_text().splitlines()]
+        results.write_text("".join(json.dumps({**r, "hparams": {"modreg_scale": scale}}) + "\n" for r in lines))
+    out = stdout_of(capsys, "top-hparams", "--input_dir", str(copy), "--format", "csv", "--selection", "training",
+                    "--split_by", "modreg_scale")
+    runs = pd.read_csv(io.StringIO(out)).set_index("algorithm")
+    assert runs.loc["ERM+ModReg (modreg_scale=0.1)", "run"] == "ERM+ModReg_0"
+    assert runs.loc["ERM+ModReg (modreg_scale=0.3)", "run"] == "ERM+ModReg_1"
+    cells = pd.read_csv(io.StringIO(stdout_of(capsys, "--input_dir", str(copy), "--format", "csv", "--selection",
+                                              "training", "--split_by", "modreg_scale")))
+    test = cells[(cells["table"] == "test") & ~cells["column"].str.startswith("Avg")].set_index("algorithm")
+    for point in ("ERM+ModReg (modreg_scale=0.1)", "ERM+ModReg (modreg_scale=0.3)"):
+        assert test.loc[point, "runs"] == runs.loc[point, "run"]
+        assert test.loc[point, "mean"] == pytest.approx(runs.loc[point, "test_acc"])
+    assert refused(capsys, "top-hparams", "--input_dir", str(copy), "--split_by", "nothing") == (
+        "domaingen: error: --split_by nothing: no run has this hyperparameter (they have: modreg_scale)")
 
 
 def test_top_hparams_under_last_shows_no_validation_accuracy(sweeps, capsys):

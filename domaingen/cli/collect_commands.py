@@ -109,6 +109,12 @@ class _Moved(argparse.Action):
         parser.exit(2, f"domaingen: error: {flag} is now '{MOVED[flag]}'\n")
 
 
+def _add_split_by(p: argparse.ArgumentParser, what: str) -> None:
+    p.add_argument("--split_by", nargs="+", default=[], metavar="HPARAM",
+                   help=f"{what}: runs that have them are named 'ALGORITHM (HPARAM=value, ...)' (a grid "
+                        "spec's points apart, the defaults among them)")
+
+
 # ---- the views ----
 
 def _tables_arguments(p: argparse.ArgumentParser) -> None:
@@ -126,9 +132,7 @@ def _tables_arguments(p: argparse.ArgumentParser) -> None:
                    help="also tabulate paired differences of test accuracy, ALGORITHM minus BASE over the trials "
                         "both have (same trial_seed: the same restart), each cell with a paired test's Holm-adjusted "
                         "p; no pairs given: every X+Y beside its X")
-    p.add_argument("--split_by", nargs="+", default=[], metavar="HPARAM",
-                   help="one row per value of these hyperparameters: runs that have them are named "
-                        "'ALGORITHM (HPARAM=value, ...)' (the points of a grid spec's parts as rows)")
+    _add_split_by(p, "one row per value of these hyperparameters")
     p.add_argument("--baseline", default=None, metavar="ALGORITHM",
                    help="also tabulate every other algorithm minus this one, paired by trial_seed, as --paired "
                         "does: each cell with a paired test's Holm-adjusted p")
@@ -192,14 +196,18 @@ def _top_hparams_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--fields", nargs="+", default=[], metavar="GLOB",
                    help="also the selected checkpoint's recorded fields matching these globs, a column each "
                         "(e.g. 'modreg_*kept_fraction' train_acc)")
+    _add_split_by(p, "one table per value of these hyperparameters, as `collect tables --split_by` has rows")
 
 
 def _top_hparams(ns: argparse.Namespace) -> int:
     from domaingen.cli.sweep_commands import _collection, _methods, _write
+    from domaingen.tables.collect import split_by_hparams
     from domaingen.tables.top_hparams import top_hparams_csv, top_hparams_markdown
 
     _check_hparams_choice(ns)
     collection = _collection(ns.input_dir, ns)
+    if ns.split_by:
+        collection = split_by_hparams(collection, ns.split_by)
     methods = _methods(collection, ns.selection, collection.bundle)
     render = top_hparams_csv if ns.format == "csv" else top_hparams_markdown
     return _write(render(collection, methods, ns.hparams_choice, ns.fields), ns.output)
@@ -314,9 +322,7 @@ def _domain_masks_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--reference", default="csordas", metavar="FILE.csv|NAME",
                    help="the published numbers beside ours (columns: dataset, quantity, mean, error, claim, source): "
                         "a CSV file, or a shipped one's name (default: csordas, Csordás et al.'s)")
-    p.add_argument("--split_by", nargs="+", default=[], metavar="HPARAM",
-                   help="tables per value of these hyperparameters: runs that have them are named "
-                        "'ALGORITHM (HPARAM=value, ...)' (a method's defaults apart from a grid point)")
+    _add_split_by(p, "tables per value of these hyperparameters")
 
 
 def _domain_masks(ns: argparse.Namespace) -> int:
