@@ -188,12 +188,12 @@ def _intro(info: dict[str, Any], methods: Sequence[str], hparams_choice: str, n_
     """The README's first paragraph: which runs' records the bundle holds (every run's under --all_runs)."""
     fields = dict(source=info["source"], methods=", ".join(methods), choice=hparams_choice.replace("_", " "),
                   n_runs=n_chosen, done_runs=info["done_runs"], n_dirs=n_dirs)
+    template = INTRO_ALL_RUNS if info["all_runs"] else INTRO_SELECTED
     if not info["weights"]:
-        return (INTRO_ALL_RUNS if info["all_runs"] else INTRO_SELECTED).format(
-            weights_note=" (no weights: exported with --no_weights)", **fields)
-    if info["all_runs"]:
-        return INTRO_ALL_RUNS.format(weights_note=", whose selected weights are here too", **fields)
-    return INTRO_SELECTED.format(weights_note=", and their selected weights", **fields)
+        note = " (no weights: exported with --no_weights)"
+    else:
+        note = ", whose selected weights are here too" if info["all_runs"] else ", and their selected weights"
+    return template.format(weights_note=note, **fields)
 
 
 def export_bundle(input_dir: str | os.PathLike, output: str | os.PathLike, collection: Collection,
