@@ -50,6 +50,19 @@ def records(path: Path) -> list[dict]:
             for line in (path / "results.jsonl").read_text().splitlines()]
 
 
+def assert_records_match(actual: list[dict], expected: list[dict]) -> None:
+    """The same records, key for key and step for step; exact but for floats, which match to 1e-6 relative.
+    The fixtures were recorded on an AMD EPYC, and another CPU's kernels (AMX, AVX-512) may round a value
+    such as IRM's penalty differently in its last bits; a resume on one machine is checked exactly apart."""
+    assert [sorted(r) for r in actual] == [sorted(r) for r in expected]
+    for got, want in zip(actual, expected):
+        for key, value in want.items():
+            if isinstance(value, float):
+                assert got[key] == pytest.approx(value, rel=1e-6, abs=1e-9), (want.get("step"), key)
+            else:
+                assert got[key] == value, (want.get("step"), key)
+
+
 # ---- one declaration
 
 
@@ -143,9 +156,10 @@ def test_a_run_interrupted_under_0_2_0_resumes_to_the_records_of_an_uninterrupte
     run = shutil.copytree(FIXTURE / "interrupted", tmp_path / "run")
     assert [r["step"] for r in records(run)] == [0, 2]
     assert cli(capsys, "train", *FIXTURE_RUN, "--output_dir", str(run))[0] == 0
-    assert records(run) == records(FIXTURE / "straight")
+    assert_records_match(records(run), records(FIXTURE / "straight"))
     final, expected = (json.loads((p / "final.json").read_text()) for p in (run, FIXTURE / "straight"))
-    assert {k: v for k, v in final.items() if k != "seconds"} == {k: v for k, v in expected.items() if k != "seconds"}
+    assert_records_match([{k: v for k, v in final.items() if k != "seconds"}],
+                         [{k: v for k, v in expected.items() if k != "seconds"}])
 
 
 # ---- the time budget
@@ -157,7 +171,9 @@ def test_a_spent_time_budget_stops_at_a_checkpoint_with_the_requeue_status_and_r
     assert code == REQUEUE_EXIT_STATUS and "time budget of 1e-09 min reached" in out
     assert [r["step"] for r in records(run)] == [0] and not (run / "done").exists() and not (run / "failed").exists()
     assert cli(capsys, "train", *FIXTURE_RUN, "--output_dir", str(run))[0] == 0  # it keeps its protocol
-    assert records(run) == records(FIXTURE / "straight")
+    assert cli(capsys, "train", *NEW_RUN, "--output_dir", str(tmp_path / "straight"))[0] == 0
+    assert records(run) == records(tmp_path / "straight")  # exactly, on one machine
+    assert_records_match(records(run), records(FIXTURE / "straight"))
 
 
 def test_a_sweep_with_a_spent_time_budget_exits_with_the_requeue_status_and_a_relaunch_finishes_it(tmp_path, capsys):
@@ -169,8 +185,11 @@ def test_a_sweep_with_a_spent_time_budget_exits_with_the_requeue_status_and_a_re
     assert code == REQUEUE_EXIT_STATUS and "6 incomplete" in out and "stopped at their time budget" in out
     code, out, _ = cli(capsys, *launch)  # a relaunch keeps the recorded protocol
     assert code == 0 and "6 incomplete (to resume)" in out and "6 done" in out
+    straight = tmp_path / "straight"
+    assert cli(capsys, *launch[:5], str(straight), *launch[6:], "--protocol", "paired")[0] == 0
     for job in build_jobs(parse_spec({**json.loads((sweep / "sweep.json").read_text())})):
-        assert records(sweep / job.job_id) == records(FIXTURE / "sweep" / job.job_id)
+        assert records(sweep / job.job_id) == records(straight / job.job_id)  # exactly, on one machine
+        assert_records_match(records(sweep / job.job_id), records(FIXTURE / "sweep" / job.job_id))
 
 
 # ---- bad input: one line, exit 2, nothing written
