@@ -178,15 +178,15 @@ def test_a_spent_time_budget_stops_at_a_checkpoint_with_the_requeue_status_and_r
 
 def test_a_sweep_with_a_spent_time_budget_exits_with_the_requeue_status_and_a_relaunch_finishes_it(tmp_path, capsys):
     sweep = tmp_path / "sweep"
-    launch = ["sweep", "launch", "--spec", str(FIXTURE / "sweep.toml"), "--output_dir", str(sweep), "--data_dir",
-              "embedded", "--launcher", "local", "--no_progress", "--yes", "--algorithms", "ERM", "--n_hparams", "1",
-              "--n_trials", "1"]
-    code, out, _ = cli(capsys, *launch, "--protocol", "paired", "--time_budget", "1e-9")  # the fixture's protocol
+    launch = ["sweep", "launch", "--spec", str(FIXTURE / "sweep.toml"), "--data_dir", "embedded", "--launcher", "local",
+              "--no_progress", "--yes", "--algorithms", "ERM", "--n_hparams", "1", "--n_trials", "1"]
+    code, out, _ = cli(capsys, *launch, "--output_dir", str(sweep), "--protocol", "paired",  # the fixture's protocol
+                       "--time_budget", "1e-9")
     assert code == REQUEUE_EXIT_STATUS and "6 incomplete" in out and "stopped at their time budget" in out
-    code, out, _ = cli(capsys, *launch)  # a relaunch keeps the recorded protocol
+    code, out, _ = cli(capsys, *launch, "--output_dir", str(sweep))  # a relaunch keeps the recorded protocol
     assert code == 0 and "6 incomplete (to resume)" in out and "6 done" in out
     straight = tmp_path / "straight"
-    assert cli(capsys, *launch[:5], str(straight), *launch[6:], "--protocol", "paired")[0] == 0
+    assert cli(capsys, *launch, "--output_dir", str(straight), "--protocol", "paired")[0] == 0
     for job in build_jobs(parse_spec({**json.loads((sweep / "sweep.json").read_text())})):
         assert records(sweep / job.job_id) == records(straight / job.job_id)  # exactly, on one machine
         assert_records_match(records(sweep / job.job_id), records(FIXTURE / "sweep" / job.job_id))
