@@ -65,6 +65,27 @@ def test_small_n_takes_the_paired_t_test():
     assert result.p_value == pytest.approx(2 * stats.t.sf(t, 2))
 
 
+def test_a_named_test_holds_for_every_n():
+    # ten differences, all positive: the exact signed-rank test's smallest p, 2 / 2^10 (only the all-positive
+    # and all-negative sign patterns are as extreme); the t-test's p from t = mean / (sd / sqrt n) by hand
+    d = [0.031, 0.024, 0.035, 0.029, 0.041, 0.022, 0.033, 0.027, 0.038, 0.030]
+    assert paired_test(d).p_value == paired_test(d, "wilcoxon").p_value == pytest.approx(2 / 2 ** 10)
+    t = np.mean(d) / (np.std(d, ddof=1) / math.sqrt(10))
+    forced = paired_test(d, "t")
+    assert forced.test == "t" and forced.statistic == pytest.approx(t)
+    assert forced.p_value == pytest.approx(2 * stats.t.sf(t, 9)) and forced.p_value < 1e-6
+    # and four differences under the signed-rank test: at best 2 / 2^4, whatever their size
+    few = paired_test([0.01, 0.03, 0.02, 0.04], "wilcoxon")
+    assert few.test == "wilcoxon" and few.p_value == pytest.approx(2 / 16)
+
+
+def test_an_unknown_test_is_one_line():
+    from domaingen.errors import DomaingenError
+
+    with pytest.raises(DomaingenError, match=r"^paired test 'sign' is not one of auto, t, wilcoxon$"):
+        paired_test([0.01, 0.02], "sign")
+
+
 @pytest.mark.parametrize("differences, reason", [
     ([0.02], "no test: 1 paired trial, a paired test needs 2 or more"),
     ([], "no test: 0 paired trials, a paired test needs 2 or more"),
@@ -212,6 +233,24 @@ def test_baseline_test_in_every_cell(tmp_path, capsys):
     assert f"p={holm([p_irm, p_mixup])[0]:.2g} (t)" in latex and "Holm-adjusted" in latex
     assert refused(capsys, "--input_dir", sweep, "--baseline", "CORAL") == (
         "domaingen: error: --baseline CORAL is in no table; the tables have: ERM, IRM, Mixup")
+
+
+def test_the_paired_tables_test_is_named_and_holds_for_every_n(tmp_path, capsys):
+    # three trials: auto takes the t-test; --test wilcoxon the exact signed-rank test, whose p for three
+    # differences of one sign is 2 / 2^3 whatever their size (IRM - ERM on ToyB: +5, +10, +15 points)
+    sweep = write_datasets(tmp_path / "s", {"ToyB": SCORES["ToyB"]})
+    base = ["--input_dir", sweep, "--selection", "training", "--paired", "IRM:ERM", "--format", "csv"]
+    row = lambda text: pd.read_csv(io.StringIO(text)).query("table == 'paired'").iloc[0]  # noqa: E731
+    auto = row(run_collect(capsys, *base))
+    assert auto["test"] == "t" and auto["p_value"] == pytest.approx(
+        stats.ttest_rel(SCORES["ToyB"]["IRM"], SCORES["ToyB"]["ERM"]).pvalue)
+    signed = row(run_collect(capsys, *base, "--test", "wilcoxon"))
+    assert signed["test"] == "wilcoxon" and signed["p_value"] == pytest.approx(2 / 8)
+    markdown = run_collect(capsys, *base[:-2], "--test", "wilcoxon")
+    assert "(W: Wilcoxon signed-rank, exact, for every n; with n pairs its p is at least 2/2^n)" in markdown
+    assert "p=0.25 (W)" in markdown
+    assert refused(capsys, "--input_dir", sweep, "--test", "t") == (
+        "domaingen: error: --test t says how --paired or --baseline cells are tested; add one of them")
 
 
 def test_one_paired_trial_says_why_in_a_footnote(tmp_path, capsys):

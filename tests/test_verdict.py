@@ -413,3 +413,60 @@ def test_claims_of_one_dataset_with_different_paper_numbers_each_get_their_proto
         ["MLP, oracle", "34.27", "MLP", "oracle"], ["MLP, oracle", "34.27", "MNIST_CNN", "oracle"]]
     cnn_mean = 100 * np.mean([0.20, 0.22, 0.24])
     assert frame["ours [95% CI]"][3].startswith(f"{cnn_mean:.1f} [")
+
+
+def floor_grid(points: int, trials: int = 10) -> Collection:
+    """ERM and `points` ERM+ModReg scales, each gaining 2.5 to 3.4 points in every one of `trials` trials."""
+    base = [0.80 + 0.001 * t for t in range(trials)]
+    rows = run_records("ERM", base, {"featurizer": "MLP"}, "erm")
+    for i in range(points):
+        gains = [0.025 + 0.001 * ((t * 7 + i) % 10) for t in range(trials)]
+        rows += run_records("ERM+ModReg", [b + g for b, g in zip(base, gains)],
+                            {"featurizer": "MLP", "modreg_scale": 1.0 + i}, f"m{i}")
+    return split_by_hparams(Collection(pd.DataFrame(rows)), ["modreg_scale"])
+
+
+def test_the_signed_rank_floor_under_holm_and_the_t_test_that_has_none():
+    # 26 points, each ahead in all ten trials: each signed-rank p is 2 / 2^10, and Holm multiplies the
+    # smallest by 26 (0.0508, and the rest stay at or above it): no point can be called significant. The
+    # t-test's p of each is below 1e-6, so Holm's 26x leaves it far below 0.05.
+    collection = floor_grid(26)
+    signed = verdict_of_test(collection, "wilcoxon")
+    assert [p.p_value for p in signed.points] == pytest.approx([2 / 1024] * 26)
+    assert min(p.p_holm for p in signed.points) == pytest.approx(26 * 2 / 1024) and 26 * 2 / 1024 > 0.05
+    assert signed.verdict == INCONCLUSIVE
+    assert verdict_of_test(collection, "auto").verdict == INCONCLUSIVE  # ten pairs: auto is the signed-rank test
+    by_t = verdict_of_test(collection, "t")
+    assert by_t.verdict == REPRODUCED and max(p.p_holm for p in by_t.points) < 1e-4
+    # with 25 points the signed-rank test's Holm floor is 25 * 2 / 1024 = 0.0488: it can reject again
+    assert verdict_of_test(floor_grid(25), "wilcoxon").verdict == REPRODUCED
+    assert verdict_of_test(collection, "t").verdict == judge(CLAIM, collection, default_rows([CLAIM], ["modreg_scale"])).verdict
+
+
+def verdict_of_test(collection: Collection, test: str):
+    return judge(CLAIM, collection, default_rows([CLAIM], ["modreg_scale"]), test)
+
+
+def test_the_verdict_names_its_test_and_may_add_another(tmp_path, capsys):
+    from test_comparisons import write_sweep
+
+    write_sweep(tmp_path / "sweep")
+    claims = tmp_path / "claims.csv"
+    claims.write_text("claim,dataset,test_env,featurizer,base,method,base_mean,method_mean,selection,source\n"
+                      "c,ColoredMNIST,+90%,auto,ERM,ERM+ModReg,50,52,training,paper\n")
+    argv = ["-q", "collect", "verdict", "--input_dir", str(tmp_path / "sweep"), "--claims", str(claims)]
+    capsys.readouterr()
+    assert main(argv) == 0
+    md = capsys.readouterr().out
+    assert "p: paired t-test (two-sided), Holm-adjusted over the claim's tested points" in md
+    assert "another test" not in md
+    assert main([*argv, "--test", "wilcoxon", "--also_test", "t"]) == 0
+    md = capsys.readouterr().out
+    assert "p: Wilcoxon signed-rank test (exact, two-sided), Holm-adjusted" in md
+    assert "### The same claims judged with another test, t (p: paired t-test (two-sided)" in md
+    assert main([*argv, "--also_test", "auto", "--format", "csv"]) == 0
+    csv = pd.read_csv(__import__("io").StringIO(capsys.readouterr().out))
+    assert csv["test"].tolist() == ["t", "auto"] and csv["claim"].tolist() == ["c", "c"]
+    assert main([*argv, "--also_test", "t"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["domaingen: error: --also_test t is --test's own; name another test (t, wilcoxon or auto)"]

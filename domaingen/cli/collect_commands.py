@@ -140,6 +140,10 @@ def _tables_arguments(p: argparse.ArgumentParser) -> None:
                    help="what --paired and --baseline pair: 'trials' (default), each table's selected trials by "
                         "trial_seed; 'draws', every run of every hparams draw at the checkpoint the selection rule "
                         "picks within it, by (hparams_seed, trial_seed) (protocol paired only)")
+    p.add_argument("--test", choices=["auto", "t", "wilcoxon"], default="auto",
+                   help="the paired test of --paired and --baseline cells: 'auto' (default), the exact Wilcoxon "
+                        "signed-rank test with 6 pairs or more, else the paired t-test; 't' or 'wilcoxon' for every "
+                        "n (with n pairs the signed-rank test's p is at least 2/2^n, times Holm's multiplier)")
     _add_fields(p, False, "also tabulate record fields matching these globs (e.g. 'modreg_*_kept_fraction') at "
                           "each trial's selected checkpoint, mean ± error over trials ('step': the step selected)")
     for flag in MOVED:
@@ -170,7 +174,9 @@ def _tables(ns: argparse.Namespace) -> int:
     tables = build_tables(collection, methods, ns.hparams_choice, reference)
     if ns.baseline:
         pairs = (pairs or []) + [pair for pair in baseline_pairs(tables, ns.baseline) if pair not in (pairs or [])]
-    derived = paired_tables(tables, pairs, ns.paired_over, collection) if pairs is not None else []
+    if ns.test != "auto" and pairs is None and not ns.baseline:
+        raise DomaingenError(f"--test {ns.test} says how --paired or --baseline cells are tested; add one of them")
+    derived = paired_tables(tables, pairs, ns.paired_over, collection, ns.test) if pairs is not None else []
     derived += field_tables(tables, collection.records, ns.fields) if ns.fields else []
     tables += derived
     note = "" if ns.selection or collection.bundle is not None else pair_methods_left_out(_has_pairs(collection))
@@ -352,6 +358,14 @@ def _verdict_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--defaults", nargs="+", default=[], metavar="HPARAM=VALUE",
                    help="split values that also stand for the defaults (a grid point that runs the method's "
                         "defaults under other names, e.g. modreg_scale=0.1 modreg_alpha=6.93e-09)")
+    p.add_argument("--test", choices=["t", "wilcoxon", "auto"], default="t",
+                   help="each point's paired test, Holm-adjusted over the claim's tested points: 't' (default), the "
+                        "paired t-test, whose interval the verdict reads; 'wilcoxon', the exact signed-rank test, "
+                        "whose p at n pairs is at least 2/2^n (times Holm's multiplier: at ten pairs, a grid of 26 "
+                        "tested points can never reject); 'auto', wilcoxon with 6 pairs or more, else t")
+    p.add_argument("--also_test", choices=["t", "wilcoxon", "auto"], default=None,
+                   help="also judge every claim with this test and add its verdicts (a table after the others; "
+                        "in CSV, rows whose test column names it): how much the verdicts owe to the choice of test")
 
 
 def _verdict(ns: argparse.Namespace) -> int:
@@ -364,10 +378,15 @@ def _verdict(ns: argparse.Namespace) -> int:
     sources = list(ns.input_dir)
     loaded = ([("", _collection(sources[0], ns))] if len(sources) == 1 else
               [(label, _collection(path, ns)) for label, path in labelled_sources(sources)])
-    verdicts, protocols = judge_sources(claims, loaded, ns.split_by, equivalents)
+    verdicts, protocols = judge_sources(claims, loaded, ns.split_by, equivalents, ns.test)
+    also = None
+    if ns.also_test is not None:
+        if ns.also_test == ns.test:
+            raise DomaingenError(f"--also_test {ns.also_test} is --test's own; name another test (t, wilcoxon or auto)")
+        also = (ns.also_test, judge_sources(claims, loaded, ns.split_by, equivalents, ns.also_test)[0])
     if ns.format == "csv":
-        return _write(verdict_csv(verdicts), ns.output)
-    return _write(verdict_markdown(verdicts, protocols), ns.output)
+        return _write(verdict_csv(verdicts, ns.test, also), ns.output)
+    return _write(verdict_markdown(verdicts, protocols, ns.test, also), ns.output)
 
 
 def _mask_transfer_arguments(p: argparse.ArgumentParser) -> None:

@@ -81,13 +81,13 @@ PAIRED_OVER_CAPTIONS = {"trials": " (same trial_seed)",
                         "draws": ", paired over hyperparameter draws and trials (same hparams_seed and trial_seed)"}
 
 
-def paired_cell(a: Cell, b: Cell, test: bool = False, over: str = "trials") -> Cell:
+def paired_cell(a: Cell, b: Cell, test: bool = False, over: str = "trials", kind: str = "auto") -> Cell:
     """A minus B over the pairs both have, in A's trace order.
 
     `over` "trials": a cell's values are its selected trials, paired by trial_seed; "draws": every
     run of every hparams draw (draw_cells), paired by (hparams_seed, trial_seed).
-    With `test`, the differences' paired test (statistics.paired_test) fills the cell's test and
-    p_value, or its footnote says why no test could be made; `holm_adjust` fills p_holm."""
+    With `test`, the differences' paired test (statistics.paired_test, of `kind`) fills the cell's
+    test and p_value, or its footnote says why no test could be made; `holm_adjust` fills p_holm."""
     if not a.values or not b.values:
         return Cell(missing="no runs to pair" if not (a.values or b.values) else "one side has no runs")
     keys = PAIR_KEYS[over]
@@ -112,7 +112,7 @@ def paired_cell(a: Cell, b: Cell, test: bool = False, over: str = "trials") -> C
     note += f"; {unpaired} unpaired {'trial(s)' if over == 'trials' else 'run(s)'} left out" if unpaired else ""
     cell = Cell(values, trace=trace, note=note)
     if test:
-        result = paired_test(values)
+        result = paired_test(values, kind)
         reason = result.reason.replace(" paired trial", " pair", 1) if over == "draws" else result.reason
         cell.test, cell.p_value, cell.footnote = result.test, result.p_value, reason
     return cell
@@ -148,12 +148,14 @@ def holm_adjust(table: Table) -> int:
     return len(tested)
 
 
-def test_caption(count: int, over: str = "trials") -> str:
-    """What the p of a paired table's cells is, for its title."""
+def test_caption(count: int, over: str = "trials", kind: str = "auto") -> str:
+    """What the p of a paired table's cells is (tests of `kind`), for its title."""
+    which = {"auto": f"W: Wilcoxon signed-rank, exact, with {WILCOXON_MIN_N} pairs or more; t: paired t-test with "
+                     "fewer, where the signed-rank test cannot reach p < 0.05",
+             "t": "t: paired t-test, for every n",
+             "wilcoxon": "W: Wilcoxon signed-rank, exact, for every n; with n pairs its p is at least 2/2^n"}[kind]
     return (f"p: two-sided paired test of the {'trials' if over == 'trials' else 'pairs'}' differences, Holm-adjusted "
-            f"over the table's {count} "
-            f"test{'' if count == 1 else 's'} (W: Wilcoxon signed-rank, exact, with {WILCOXON_MIN_N} pairs or more; "
-            f"t: paired t-test with fewer, where the signed-rank test cannot reach p < 0.05); * p < 0.05")
+            f"over the table's {count} test{'' if count == 1 else 's'} ({which}); * p < 0.05")
 
 
 def check_paired_over(over: str, protocol: str) -> None:
@@ -166,8 +168,9 @@ def check_paired_over(over: str, protocol: str) -> None:
 
 
 def paired_tables(tables: Sequence[Table], pairs: Sequence[tuple[str, str]], over: str = "trials",
-                  collection: Collection | None = None) -> list[Table]:
-    """Per test table: one row per pair 'A − B', a column per held-out environment.
+                  collection: Collection | None = None, kind: str = "auto") -> list[Table]:
+    """Per test table: one row per pair 'A − B', a column per held-out environment, each cell with
+    a paired test of `kind` (statistics.PAIRED_TESTS) Holm-adjusted over the table.
 
     With `pairs` empty, every X+Y beside its X (default_pairs). `over` "trials": the cells pair the
     table's selected trials by trial_seed; "draws": every run of every hparams draw of `collection`
@@ -193,7 +196,7 @@ def paired_tables(tables: Sequence[Table], pairs: Sequence[tuple[str, str]], ove
         columns = _env_columns(table)
         dataset, method, _ = table.key.split("/")
         if over == "trials":
-            rows = {f"{a} − {b}": [paired_cell(ca, cb, test=True) for ca, cb in zip(table.rows[a], table.rows[b])][: len(columns)]
+            rows = {f"{a} − {b}": [paired_cell(ca, cb, test=True, kind=kind) for ca, cb in zip(table.rows[a], table.rows[b])][: len(columns)]
                     for a, b in wanted}
         else:
             if method not in by_method:
@@ -201,7 +204,7 @@ def paired_tables(tables: Sequence[Table], pairs: Sequence[tuple[str, str]], ove
             cells = by_method[method]
             none = Cell(missing="no run")
             rows = {f"{a} − {b}": [paired_cell(cells.get((dataset, a, c), none), cells.get((dataset, b, c), none),
-                                               test=True, over="draws") for c in columns]
+                                               test=True, over="draws", kind=kind) for c in columns]
                     for a, b in wanted}
         title = table.title.replace(": test accuracy,", f": paired differences of test accuracy{PAIRED_OVER_CAPTIONS[over]},", 1)
         if over == "draws":  # every draw takes part: no hparams choice applies
@@ -209,7 +212,7 @@ def paired_tables(tables: Sequence[Table], pairs: Sequence[tuple[str, str]], ove
         paired = Table(title, f"{dataset}/{method}/paired", columns, rows, data_source=table.data_source,
                        hparams_choice=table.hparams_choice, protocol=table.protocol)
         count = holm_adjust(paired)
-        paired.title += f"; {test_caption(count, over)}" if count else ""
+        paired.title += f"; {test_caption(count, over, kind)}" if count else ""
         out.append(paired)
     if not out and not pairs:
         raise DomaingenError("--paired found no composed algorithm X+Y beside its base X; name pairs as ALGORITHM:BASE")

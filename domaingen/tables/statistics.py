@@ -4,7 +4,10 @@
   distribution) on the paired differences when there are WILCOXON_MIN_N of them or more, else a
   paired t-test. With n pairs the smallest two-sided p the signed-rank test can give is
   2 / 2^n, which first falls under 0.05 at n = 6: with DomainBed's three trials it could never
-  reject anything, so a small n gets the t-test (which assumes roughly normal differences).
+  reject anything, so a small n gets the t-test (which assumes roughly normal differences). That
+  rule is `auto`; `t` and `wilcoxon` name one test for every n (PAIRED_TESTS). Under Holm's
+  adjustment over m tests the signed-rank floor becomes m * 2 / 2^n: at n = 10 no family of 26 or
+  more tests can reject, whatever the gains; the t-test has no floor.
 - Holm's step-down adjustment of the p-values of one table's comparisons (`holm`).
 - Across datasets (Demšar, JMLR 2006): average ranks (`average_ranks`), the Friedman test with
   Iman and Davenport's F statistic and the Nemenyi critical difference (`friedman_nemenyi`).
@@ -27,9 +30,12 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
+from domaingen.errors import DomaingenError
+
 WILCOXON_MIN_N = 6  # 2 / 2**6 = 0.031: the fewest pairs whose exact signed-rank test can reach p < 0.05
 ALPHA = 0.05
 TEST_NAMES = {"wilcoxon": "Wilcoxon signed-rank test (exact, two-sided)", "t": "paired t-test (two-sided)"}
+PAIRED_TESTS = ("auto", "t", "wilcoxon")  # auto: wilcoxon with WILCOXON_MIN_N pairs or more, else t
 TEST_RULE = (f"two-sided paired test of the differences: the Wilcoxon signed-rank test (exact) with "
              f"{WILCOXON_MIN_N} pairs or more, else a paired t-test (with n pairs the signed-rank test's smallest p "
              f"is 2/2^n, under 0.05 only from n = {WILCOXON_MIN_N}); p adjusted by Holm's step-down method over "
@@ -52,10 +58,13 @@ class PairedTest:
         return bool(self.test)
 
 
-def paired_test(differences: Sequence[float]) -> PairedTest:
-    """The two-sided paired test of `differences` (A - B per pair) against zero (see the module docstring).
+def paired_test(differences: Sequence[float], test: str = "auto") -> PairedTest:
+    """The two-sided paired test of `differences` (A - B per pair) against zero: `test` is one of
+    PAIRED_TESTS (see the module docstring).
 
     Fewer than two pairs, or differences with no spread, give no test (`reason` says why)."""
+    if test not in PAIRED_TESTS:
+        raise DomaingenError(f"paired test {test!r} is not one of {', '.join(PAIRED_TESTS)}")
     d = np.asarray(differences, dtype=float)
     n = len(d)
     if n < 2:
@@ -66,7 +75,7 @@ def paired_test(differences: Sequence[float]) -> PairedTest:
     d = np.where(np.abs(d) <= tolerance, 0.0, d)
     if np.all(d == 0):
         return PairedTest("", math.nan, math.nan, n, f"no test: all {n} paired differences are 0")
-    if n >= WILCOXON_MIN_N:
+    if test == "wilcoxon" or (test == "auto" and n >= WILCOXON_MIN_N):
         # zsplit: a zero difference's rank counts half for each sign (Demšar 2006, Section 3.1.3)
         result = stats.wilcoxon(d, zero_method="zsplit", method="exact" if np.all(d != 0) else "auto")
         return PairedTest("wilcoxon", float(result.statistic), float(result.pvalue), n)

@@ -11,7 +11,11 @@ each claim, over the runs of that dataset whose featurizer is the claim's:
   `ALGORITHM (hparam=value, ...)`: the defaults and each grid point), each paired with the base
   algorithm trial by trial (same trial_seed: same initial weights, splits and minibatches),
   the differences' mean, their 95% t-interval and a paired test, Holm-adjusted over the points that
-  have one (a point with a single paired trial has none and does not count; the table's `tested`);
+  have one (a point with a single paired trial has none and does not count; the table's `tested`).
+  The test is the paired t-test (DEFAULT_TEST), the test whose interval the verdict reads: with n
+  pairs an exact signed-rank (or any sign-flip) test cannot give p below 2 / 2^n, and Holm multiplies
+  that floor by the number of tested points, so under it a grid of 26 points at ten restarts could
+  never reject. `test` "wilcoxon" (or "auto", statistics.paired_test's rule) judges with it all the same;
 - the best point: the one with the highest mean difference. It is chosen on test accuracy, the
   choice most favourable to the method: a claim that fails even there fails everywhere, and the
   Holm adjustment over every tested point pays for the choice when a gain is found;
@@ -47,12 +51,13 @@ from domaingen.tables.comparisons import paired_cell
 from domaingen.tables.reference import AVG, PUBLISHED_DIR, _environment, _number
 from domaingen.tables.reporting import Cell, build_tables
 from domaingen.tables.selection import selection_method_names
-from domaingen.tables.statistics import ALPHA, holm
+from domaingen.tables.statistics import ALPHA, PAIRED_TESTS, TEST_NAMES, WILCOXON_MIN_N, holm
 
 COLUMNS = ("claim", "dataset", "test_env", "featurizer", "base", "method", "base_mean", "method_mean", "selection",
            "source")
 OPTIONAL_COLUMNS = ("compare",)
 LEVEL = 0.95  # the t-interval's coverage
+DEFAULT_TEST = "t"  # the test of the t-interval the rule reads; no floor on p under Holm (see the docstring)
 
 REPRODUCED = "reproduced"
 SMALLER = "smaller gain"
@@ -260,8 +265,10 @@ def is_method_row(row: str, method: str) -> bool:
     return row == method or (row.startswith(method + " (") and row.endswith(")"))
 
 
-def judge(claim: Claim, collection: Collection, defaults: Mapping[str, str] | None = None) -> Verdict:
-    """The claim's verdict over `collection` (see the module docstring and RULE).
+def judge(claim: Claim, collection: Collection, defaults: Mapping[str, str] | None = None,
+          test: str = DEFAULT_TEST) -> Verdict:
+    """The claim's verdict over `collection` (see the module docstring and RULE); `test`, one of
+    PAIRED_TESTS, is each point's paired test.
 
     `defaults` maps a method row to whether it is the defaults: by default the row named exactly
     `claim.method`, or, with split hyperparameters, the row whose values are the method's defaults
@@ -286,7 +293,7 @@ def judge(claim: Claim, collection: Collection, defaults: Mapping[str, str] | No
         cell = _column_cell(table, row, claim.test_env) if is_method_row(row, claim.method) else Cell()
         if not cell.values:
             continue
-        paired = paired_cell(cell, base, test=True)
+        paired = paired_cell(cell, base, test=True, kind=test)
         if not paired.values:  # no trial in common with the base: nothing to pair
             continue
         points.append(Point(row, list(paired.values), paired.p_value, collapsed=_collapsed(mine.records, cell),
@@ -364,8 +371,10 @@ def default_rows(claims: Sequence[Claim], split_by: Sequence[str],
 
 
 def judge_sources(claims: Sequence[Claim], sources: Sequence[tuple[str, Collection]], split_by: Sequence[str] = (),
-                  equivalents: Mapping[str, object] | None = None) -> tuple[list[Verdict], pd.DataFrame | None]:
-    """Every claim judged on labelled collections, and the protocols table (None when it is empty).
+                  equivalents: Mapping[str, object] | None = None,
+                  test: str = DEFAULT_TEST) -> tuple[list[Verdict], pd.DataFrame | None]:
+    """Every claim judged on labelled collections (each point's paired test: `test`), and the
+    protocols table (None when it is empty).
 
     Sources of one protocol merge; sources of different protocols stay apart, and each claim is judged
     within the first protocol whose runs hold its dataset with its featurizer, else its dataset (so a
@@ -397,7 +406,7 @@ def judge_sources(claims: Sequence[Claim], sources: Sequence[tuple[str, Collecti
         holding = [g for g in groups if len(g.records) and (g.records["dataset"] == claim.dataset).any()]
         return next((g for g in holding if len(claim_records(g, claim).records)), holding[0] if holding else groups[0])
 
-    return [judge(claim, group_of(claim), defaults) for claim in claims], protocols
+    return [judge(claim, group_of(claim), defaults, test) for claim in claims], protocols
 
 
 def _base_cell(collection: Collection, dataset: str, selection: str, base: str, test_env: str) -> Cell | None:
@@ -494,9 +503,23 @@ def verdict_frame(verdicts: Sequence[Verdict]) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def verdict_markdown(verdicts: Sequence[Verdict], protocols: pd.DataFrame | None = None) -> str:
+def test_text(test: str) -> str:
+    """What the verdict's p is, for its footnote."""
+    if test not in PAIRED_TESTS:
+        raise DomaingenError(f"paired test {test!r} is not one of {', '.join(PAIRED_TESTS)}")
+    name = (f"{TEST_NAMES['t']} with fewer than {WILCOXON_MIN_N} pairs, else the {TEST_NAMES['wilcoxon']}"
+            if test == "auto" else TEST_NAMES[test])
+    floor = ("" if test == "t" else
+             "; with n pairs the signed-rank test's p is at least 2/2^n before Holm's multiplier")
+    return f"p: {name}, Holm-adjusted over the claim's tested points{floor}"
+
+
+def verdict_markdown(verdicts: Sequence[Verdict], protocols: pd.DataFrame | None = None,
+                     test: str = DEFAULT_TEST, also: tuple[str, Sequence[Verdict]] | None = None) -> str:
     """The verdicts as Markdown: one table per selection rule, the base under each protocol tried
-    (`protocol_frame`, when given), then the rule and where the numbers are from."""
+    (`protocol_frame`, when given), with `also` (another test and the verdicts judged with it) a
+    table of the verdicts under that test, then the rule, what p is (`test`, the paired test the
+    verdicts were judged with) and where the numbers are from."""
     frame = verdict_frame(verdicts)
     selections = [v.claim.selection for v in verdicts]
     lines = []
@@ -507,14 +530,29 @@ def verdict_markdown(verdicts: Sequence[Verdict], protocols: pd.DataFrame | None
     if protocols is not None and len(protocols):
         lines += ["### The base under each protocol tried (held-out accuracy, percent)", "",
                   tabulate(protocols, headers="keys", tablefmt="github", showindex=False), ""]
+    if also is not None:
+        other, judged = also
+        mine = {id(v.claim): v for v in verdicts}
+        rows = [{"claim": v.claim.name, "selection": v.claim.selection, "best point": _best_name(v),
+                 "best: gain [95% CI]": _point_text(v.best), "tested": sum(not math.isnan(p.p_value) for p in v.points),
+                 "verdict": v.verdict + (f" ({v.reason})" if v.reason else ""),
+                 f"as with {test}": "yes" if id(v.claim) in mine and mine[id(v.claim)].verdict == v.verdict else "no"}
+                for v in judged]
+        lines += [f"### The same claims judged with another test, {other} ({test_text(other)})", "",
+                  tabulate(pd.DataFrame(rows), headers="keys", tablefmt="github", showindex=False), ""]
     sources = sorted({v.claim.source for v in verdicts})
     lines.append(f"Published numbers: {'; '.join(sources)}. " + RULE +
-                 f" Intervals: Student's t at {LEVEL:.0%} over the paired trials; p: paired t-test (fewer than 6 "
-                 "pairs) or Wilcoxon signed-rank, Holm-adjusted over the claim's tested points (a point with a single "
-                 "paired trial, or with no spread, has no test). Collapsed: a selected run "
+                 f" Intervals: Student's t at {LEVEL:.0%} over the paired trials; {test_text(test)} (a point with a "
+                 "single paired trial, or with no spread, has no test). Collapsed: a selected run "
                  "within 5 points of chance on its own training environments.")
     return "\n".join(lines) + "\n"
 
 
-def verdict_csv(verdicts: Sequence[Verdict]) -> str:
-    return verdict_frame(verdicts).to_csv(index=False)
+def verdict_csv(verdicts: Sequence[Verdict], test: str = DEFAULT_TEST,
+                also: tuple[str, Sequence[Verdict]] | None = None) -> str:
+    """The verdicts as CSV, verdict_frame's columns and `test`, the paired test behind each p; with
+    `also` (another test and the verdicts judged with it), those verdicts' rows follow."""
+    parts = [(test, verdicts)] + ([also] if also is not None else [])
+    for name, _ in parts:
+        test_text(name)  # refuses an unknown test
+    return pd.concat([verdict_frame(v).assign(test=name) for name, v in parts], ignore_index=True).to_csv(index=False)
