@@ -58,13 +58,18 @@ class PairedTest:
         return bool(self.test)
 
 
+def check_paired_test(test: str) -> None:
+    """One line refusing a paired test that is not one of PAIRED_TESTS."""
+    if test not in PAIRED_TESTS:
+        raise DomaingenError(f"paired test {test!r} is not one of {', '.join(PAIRED_TESTS)}")
+
+
 def paired_test(differences: Sequence[float], test: str = "auto") -> PairedTest:
     """The two-sided paired test of `differences` (A - B per pair) against zero: `test` is one of
     PAIRED_TESTS (see the module docstring).
 
     Fewer than two pairs, or differences with no spread, give no test (`reason` says why)."""
-    if test not in PAIRED_TESTS:
-        raise DomaingenError(f"paired test {test!r} is not one of {', '.join(PAIRED_TESTS)}")
+    check_paired_test(test)
     d = np.asarray(differences, dtype=float)
     n = len(d)
     if n < 2:

@@ -51,7 +51,7 @@ from domaingen.tables.comparisons import paired_cell
 from domaingen.tables.reference import AVG, PUBLISHED_DIR, _environment, _number
 from domaingen.tables.reporting import Cell, build_tables
 from domaingen.tables.selection import selection_method_names
-from domaingen.tables.statistics import ALPHA, PAIRED_TESTS, TEST_NAMES, WILCOXON_MIN_N, holm
+from domaingen.tables.statistics import ALPHA, TEST_NAMES, WILCOXON_MIN_N, check_paired_test, holm
 
 COLUMNS = ("claim", "dataset", "test_env", "featurizer", "base", "method", "base_mean", "method_mean", "selection",
            "source")
@@ -138,6 +138,11 @@ class Verdict:
     defaults: Point | None = None
     best: Point | None = None
     points: list[Point] = field(default_factory=list)
+
+    @property
+    def tested(self) -> int:
+        """How many points have a paired test: the family Holm's adjustment runs over."""
+        return sum(not math.isnan(p.p_value) for p in self.points)
 
 
 def claims_path(name: str | os.PathLike) -> Path:
@@ -497,7 +502,7 @@ def verdict_frame(verdicts: Sequence[Verdict]) -> pd.DataFrame:
             "best point": _best_name(v),
             "best: gain [95% CI]": _point_text(v.best),
             "points": len(v.points),
-            "tested": sum(not math.isnan(p.p_value) for p in v.points),
+            "tested": v.tested,
             "verdict": v.verdict + (f" ({v.reason})" if v.reason else ""),
         })
     return pd.DataFrame(rows)
@@ -505,8 +510,7 @@ def verdict_frame(verdicts: Sequence[Verdict]) -> pd.DataFrame:
 
 def test_text(test: str) -> str:
     """What the verdict's p is, for its footnote."""
-    if test not in PAIRED_TESTS:
-        raise DomaingenError(f"paired test {test!r} is not one of {', '.join(PAIRED_TESTS)}")
+    check_paired_test(test)
     name = (f"{TEST_NAMES['t']} with fewer than {WILCOXON_MIN_N} pairs, else the {TEST_NAMES['wilcoxon']}"
             if test == "auto" else TEST_NAMES[test])
     floor = ("" if test == "t" else
@@ -532,12 +536,12 @@ def verdict_markdown(verdicts: Sequence[Verdict], protocols: pd.DataFrame | None
                   tabulate(protocols, headers="keys", tablefmt="github", showindex=False), ""]
     if also is not None:
         other, judged = also
-        mine = {id(v.claim): v for v in verdicts}
+        # judged with the same claims, in the same order
         rows = [{"claim": v.claim.name, "selection": v.claim.selection, "best point": _best_name(v),
-                 "best: gain [95% CI]": _point_text(v.best), "tested": sum(not math.isnan(p.p_value) for p in v.points),
+                 "best: gain [95% CI]": _point_text(v.best), "tested": v.tested,
                  "verdict": v.verdict + (f" ({v.reason})" if v.reason else ""),
-                 f"as with {test}": "yes" if id(v.claim) in mine and mine[id(v.claim)].verdict == v.verdict else "no"}
-                for v in judged]
+                 f"as with {test}": "yes" if mine.verdict == v.verdict else "no"}
+                for mine, v in zip(verdicts, judged)]
         lines += [f"### The same claims judged with another test, {other} ({test_text(other)})", "",
                   tabulate(pd.DataFrame(rows), headers="keys", tablefmt="github", showindex=False), ""]
     sources = sorted({v.claim.source for v in verdicts})
@@ -554,5 +558,5 @@ def verdict_csv(verdicts: Sequence[Verdict], test: str = DEFAULT_TEST,
     `also` (another test and the verdicts judged with it), those verdicts' rows follow."""
     parts = [(test, verdicts)] + ([also] if also is not None else [])
     for name, _ in parts:
-        test_text(name)  # refuses an unknown test
+        check_paired_test(name)
     return pd.concat([verdict_frame(v).assign(test=name) for name, v in parts], ignore_index=True).to_csv(index=False)
