@@ -95,6 +95,24 @@ def test_a_resume_on_another_torch_or_device_warns_once_and_records_it(tmp_path,
     assert len(read_manifest(out)["resumes"]) == 1
 
 
+def test_a_run_restarted_from_step_0_gets_a_new_manifest_naming_this_machine(tmp_path, caplog):
+    out = tmp_path / "run"
+    train(config(out))
+    fresh = read_manifest(out)
+    elsewhere = {**fresh, "device_class": "cuda: Some GPU", "domaingen": {"version": "0.0.1", "commit": "f" * 40},
+                 "resumes": [{"step": 2, "device_class": "cuda: Other GPU"}]}
+    (out / MANIFEST).write_text(json.dumps(elsewhere))
+    (out / "checkpoint.pt").unlink()  # an attempt cut off before its first checkpoint: nothing to resume
+    (out / "done").unlink()
+    with caplog.at_level(logging.WARNING, logger="domaingen"):
+        train(config(out))
+    assert not [r for r in caplog.records if "resumed at step" in r.getMessage()]
+    restarted = read_manifest(out)
+    assert "resumes" not in restarted and "started_at_step" not in restarted
+    assert restarted["device_class"] == f"cpu: {cpu_model()}"
+    assert restarted["domaingen"] == fresh["domaingen"]
+
+
 def test_a_run_started_before_manifests_gets_one_on_resume(tmp_path):
     out = tmp_path / "run"
     train(config(out))

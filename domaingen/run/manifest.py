@@ -14,7 +14,9 @@ step), and checked when it resumes. It holds:
 
 No host name, user name or path. A run resumed with another torch version or on another
 device class (CPU model or GPU name) warns in one line and appends the change to
-`resumes` (with the step it resumed from); the rest stays as the run started.
+`resumes` (with the step it resumed from); the rest stays as the run started. A run restarted
+from step 0 (its earlier attempt left no checkpoint, so none of its records survive) is a new
+run: its manifest is written anew, with no `resumes`.
 """
 
 from __future__ import annotations
@@ -159,9 +161,10 @@ def record_manifest(rundir: RunDirectory, current: Mapping[str, Any], start_step
     """Write `current` as the run's manifest when it has none; on a resume, compare the torch version
     and device class with where the run started, append a change to `resumes`, and return the one-line
     warning (None when nothing changed). A run resumed without a manifest gets one at the resume, with
-    `started_at_step`."""
+    `started_at_step`. At step 0 nothing of an earlier attempt is kept, so `current` replaces the stored
+    manifest: the device and commit it names are those that computed every record."""
     stored = read_manifest(rundir.path)
-    if stored is None:
+    if stored is None or start_step == 0:
         _write(rundir, {**current, **({"started_at_step": start_step} if start_step else {})})
         return None
     now = {"torch": current["libraries"]["torch"], "device_class": current["device_class"]}
