@@ -711,7 +711,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--skip_fp32_eval", action="store_true", help="the fp32 evaluation takes minutes on 2 cores")
     parser.add_argument("--only", choices=["training", "floor", "fullrun", "jobs", "bookkeeping", "overhead", "images",
                                            "dmg", "report", "diagnose", "peer", "batching", "gpujobs", "loader", "compile",
-                                           "gpu"],
+                                           "allocator", "gpu"],
                         default=None,
                         help="one section (default: all but peer, gpujobs and gpu)")
     parser.add_argument("--peer", default=None, metavar="DIR",
@@ -839,6 +839,14 @@ def main(argv: list[str] | None = None) -> int:
 
         for model in ("MLP", "MNIST_CNN"):
             rows += bench_batching(model, (1, 4, 8) if model == "MLP" else (1, 4), 15 if model == "MLP" else 5)
+    if ns.only in (None, "allocator"):
+        from domaingen.bench.allocator import bench_allocator
+
+        try:
+            rows += bench_allocator(data_dir)
+        except DomaingenError as exc:
+            print(f"domaingen.bench: {exc}", file=sys.stderr)
+            return 2
     steal = steal_fraction(counters_at_start, cpu_time_counters())
     if steal is not None:
         # On a shared virtual machine the wall times above include the time other guests held the CPUs.

@@ -34,6 +34,7 @@ from domaingen.datasets.cache import DatasetCache
 from domaingen.datasets.image_cache import IMAGE_CACHE_DIR_ENV, image_cache_dir
 from domaingen.datasets.splits import MAX_IN_DOMAIN_TEST
 from domaingen.errors import DomaingenError, RunDirectoryError
+from domaingen.run.allocator import retain_freed_memory
 from domaingen.run.eval_plan import (
     DEFAULT_EVAL_SPLITS,
     EVAL_SPLITS,
@@ -490,6 +491,8 @@ def train(config: TrainConfig, dataset_cache: DatasetCache | None = None, starte
         log.info(message)
         return RunOutcome(DONE_STATE, str(rundir.path), rundir.records(), message)
     device = resolve_device(config.device)
+    if device.type == "cpu":
+        retain_freed_memory()  # full-batch activations would otherwise be faulted in afresh every step
     make_deterministic(device)
     run.resolved_precision = _run_precision(rundir, config.precision, device)
     settings = run.settings
